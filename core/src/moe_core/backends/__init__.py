@@ -1,0 +1,1 @@
+"""Backends shipped inside moe-core (registered through core's own entry point)."""

@@ -1,0 +1,160 @@
+"""The plugin contract: what a backend's fused MoE op declares and provides.
+
+A backend subclasses ``FusedOp``, fills in the class attributes that declare
+what it supports, and implements ``prepare`` and ``apply``. The runner asks
+``check(problem)`` before constructing it; ``check`` fails closed with a reason
+(the model is flashinfer's ``check_support``): every declared capability is
+compared with the problem, then the backend's own ``probe`` looks at the
+machine (CUDA capability, library version) without importing heavy modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from moe_core.config import MoeProblem
+from moe_core.hookspecs import API_VERSION  # noqa: F401  (re-exported)
+from moe_core.weights import MoeWeights
+
+
+@dataclass(frozen=True)
+class Support:
+    """The answer of a support check: ``ok``, or not with a ``reason``."""
+
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> Support:
+        return cls(True, "")
+
+    @classmethod
+    def no(cls, reason: str) -> Support:
+        return cls(False, reason)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _names(values) -> str:
+    return ", ".join(sorted(str(v).replace("torch.", "") for v in values)) or "none"
+
+
+class FusedOp:
+    """Base class of every backend's fused MoE op (one per (a2a, runner) key).
+
+    Lifetime: ``check`` (classmethod, cheap) -> ``__init__(problem)`` ->
+    ``prepare(weights)`` once -> ``apply(...)`` per forward. ``apply`` must not
+    look anything up: it is the hot path.
+    """
+
+    #: runner backend name, equal to the plugin's entry-point name
+    name: ClassVar[str]
+    #: a2a backends this op serves ("none" = pure tensor parallel)
+    a2a_backends: ClassVar[tuple[str, ...]] = ("none",)
+    #: larger wins in ``backend="auto"``; the torch reference uses 0
+    priority: ClassVar[int] = 0
+    quant_schemes: ClassVar[frozenset[str]] = frozenset()
+    activations: ClassVar[frozenset[str]] = frozenset({"silu"})
+    #: dtypes of hidden_states / output
+    activation_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.bfloat16})
+    device_types: ClassVar[frozenset[str]] = frozenset({"cuda"})
+    #: CUDA compute capabilities as (major, minor); None = any
+    compute_capabilities: ClassVar[frozenset[tuple[int, int]] | None] = None
+    supports_bias: ClassVar[bool] = False
+    supports_router_weight_on_input: ClassVar[bool] = False
+    #: hidden and intermediate sizes must be multiples of this
+    size_alignment: ClassVar[int] = 1
+
+    # ---- support ------------------------------------------------------------
+    @classmethod
+    def check(cls, problem: MoeProblem) -> Support:
+        """Whether this op can run ``problem`` here; the first failing fact otherwise."""
+        cfg = problem.config
+        if cfg.a2a_backend not in cls.a2a_backends:
+            return Support.no(f"a2a backend {cfg.a2a_backend!r} not served (serves: {_names(cls.a2a_backends)})")
+        if cfg.quant_scheme not in cls.quant_schemes:
+            return Support.no(
+                f"quant scheme {cfg.quant_scheme!r} not supported (supports: {_names(cls.quant_schemes)})"
+            )
+        if cfg.activation not in cls.activations:
+            return Support.no(f"activation {cfg.activation!r} not supported (supports: {_names(cls.activations)})")
+        if cfg.dtype not in cls.activation_dtypes:
+            return Support.no(
+                f"activation dtype {str(cfg.dtype).replace('torch.', '')} not supported "
+                f"(supports: {_names(cls.activation_dtypes)})"
+            )
+        if cfg.has_bias and not cls.supports_bias:
+            return Support.no("expert biases (b13/b2) not supported")
+        if cfg.apply_router_weight_on_input and not cls.supports_router_weight_on_input:
+            return Support.no("router weight applied on the input not supported")
+        for attr in ("hidden_size", "intermediate_size"):
+            if getattr(cfg, attr) % cls.size_alignment:
+                return Support.no(f"{attr}={getattr(cfg, attr)} is not a multiple of {cls.size_alignment}")
+        device = problem.device
+        if device.type not in cls.device_types:
+            return Support.no(f"device type {device.type!r} not supported (supports: {_names(cls.device_types)})")
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                return Support.no("no CUDA device is available (torch.cuda.is_available() is False)")
+            if cls.compute_capabilities is not None:
+                cap = torch.cuda.get_device_capability(device)
+                if tuple(cap) not in cls.compute_capabilities:
+                    wanted = ", ".join(f"SM{a}{b}" for a, b in sorted(cls.compute_capabilities))
+                    return Support.no(f"compute capability SM{cap[0]}{cap[1]} not supported (needs {wanted})")
+        return cls.probe(problem)
+
+    @classmethod
+    def probe(cls, problem: MoeProblem | None) -> Support:
+        """Backend-specific checks (library present, version range, ...).
+
+        Called last by ``check`` with the problem, and by ``available`` with
+        ``None`` (the question "can this backend run on this machine at all").
+        Must stay cheap: read package metadata, do not import kernels.
+        """
+        return Support.yes()
+
+    @classmethod
+    def available(cls) -> Support:
+        """Whether the op can run on this machine at all (``moe backends --check``)."""
+        machine = cls._device_present()
+        return machine if not machine else cls.probe(None)
+
+    @classmethod
+    def _device_present(cls) -> Support:
+        if "cpu" in cls.device_types:
+            return Support.yes()
+        if "cuda" in cls.device_types:
+            if not torch.cuda.is_available():
+                return Support.no("no CUDA device is available (torch.cuda.is_available() is False)")
+            if cls.compute_capabilities is not None:
+                caps = {tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())}
+                if not caps & set(cls.compute_capabilities):
+                    have = ", ".join(f"SM{a}{b}" for a, b in sorted(caps))
+                    wanted = ", ".join(f"SM{a}{b}" for a, b in sorted(cls.compute_capabilities))
+                    return Support.no(f"compute capability {have} not supported (needs {wanted})")
+            return Support.yes()
+        return Support.no(f"no supported device type here (supports: {_names(cls.device_types)})")
+
+    # ---- the op -------------------------------------------------------------
+    def __init__(self, problem: MoeProblem) -> None:
+        self.problem = problem
+        self.config = problem.config
+
+    def prepare(self, weights: MoeWeights) -> Any:
+        """Convert canonical weights to this backend's layout, once. Default: as is."""
+        return weights
+
+    def apply(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        prepared: Any,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Compute the routed-experts output ``[M, H]`` (into ``out`` when given)."""
+        raise NotImplementedError(f"{type(self).__name__}.apply is not implemented")

@@ -1,0 +1,203 @@
+"""The plugin registry: discovery cache, per-plugin load results, filters.
+
+One ``PluginRegistry`` holds what has been discovered (cached until
+``refresh()``) and what has been loaded (each entry at most once). It is
+thread-safe (one re-entrant lock around discovery and loading) and survives
+``fork``: the child gets a fresh lock, so a fork taken while another thread
+held it cannot deadlock. Selection lives in ``moe_core.selection``; the
+registry only answers "what is there and what happened when we loaded it".
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+from moe_core.discovery import GROUP, PluginEntry, read_entries
+from moe_core.errors import IncompatiblePluginError, PluginLoadError, PluginWarning
+from moe_core.settings import PluginFilters
+
+DISCOVERED = "discovered"
+DISABLED = "disabled"
+AVAILABLE = "available"
+UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One row of ``moe backends``."""
+
+    name: str
+    distribution: str
+    version: str
+    status: str
+    reason: str = ""
+    entry_point: str = ""
+    a2a_backends: tuple[str, ...] = ()
+    priority: int | None = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["a2a_backends"] = list(self.a2a_backends)
+        return d
+
+
+class PluginRegistry:
+    def __init__(self, group: str = GROUP) -> None:
+        self.group = group
+        self._lock = threading.RLock()
+        self._entries: tuple[PluginEntry, ...] | None = None
+        self._results: dict[tuple[str, str], object] = {}
+        self._pm = None
+        self._warned: set[tuple[str, str]] = set()
+        ref = weakref.ref(self)
+
+        def _after_fork_in_child() -> None:
+            registry = ref()
+            if registry is not None:
+                registry._lock = threading.RLock()
+
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+
+    # ---- discovery ----------------------------------------------------------
+    def entries(self) -> tuple[PluginEntry, ...]:
+        """Every installed entry point of the group (cached; imports nothing)."""
+        with self._lock:
+            if self._entries is None:
+                self._entries = read_entries(self.group)
+            return self._entries
+
+    def refresh(self) -> tuple[PluginEntry, ...]:
+        """Forget the discovery cache and read the metadata again.
+
+        Plugins already loaded stay loaded (Python cannot unimport them).
+        """
+        with self._lock:
+            self._entries = None
+            self._warned.clear()
+            return self.entries()
+
+    def filters(self) -> PluginFilters:
+        """The current environment's filters; warns once per item that matches nothing."""
+        filters = PluginFilters.from_environ()
+        installed = [(e.name, e.distribution) for e in self.entries()]
+        for var, item in filters.unmatched(installed):
+            with self._lock:
+                if (var, item) in self._warned:
+                    continue
+                self._warned.add((var, item))
+                names = ", ".join(sorted({e.qualified_name for e in self.entries()})) or "none"
+                warnings.warn(
+                    f"{var} names {item!r}, which matches no installed moe backend (installed: {names})",
+                    PluginWarning,
+                    stacklevel=3,
+                )
+        return filters
+
+    def enabled_entries(self, filters: PluginFilters | None = None) -> list[PluginEntry]:
+        filters = filters or self.filters()
+        return [e for e in self.entries() if filters.disabled_reason(e.name, e.distribution) is None]
+
+    def duplicates(self, filters: PluginFilters | None = None) -> dict[str, list[PluginEntry]]:
+        """Backend names that more than one enabled distribution provides."""
+        by_name: dict[str, list[PluginEntry]] = defaultdict(list)
+        for e in self.enabled_entries(filters):
+            by_name[e.name].append(e)
+        return {n: es for n, es in by_name.items() if len({x.distribution for x in es}) > 1}
+
+    # ---- loading ------------------------------------------------------------
+    def load(self, entry: PluginEntry, strict: bool | None = None):
+        """Load ``entry`` once and return its ``LoadResult``.
+
+        With ``strict`` (default: ``MOE_STRICT_PLUGINS``) a failed load raises
+        ``PluginLoadError``/``IncompatiblePluginError`` chained to the cause.
+        """
+        from moe_core.loading import INCOMPATIBLE, load_entry, new_plugin_manager
+
+        with self._lock:
+            key = (entry.qualified_name, entry.value)
+            result = self._results.get(key)
+            if result is None:
+                if self._pm is None:
+                    self._pm = new_plugin_manager()
+                result = load_entry(self._pm, entry)
+                self._results[key] = result
+        if strict is None:
+            strict = PluginFilters.from_environ().strict
+        if strict and not result.ok:
+            cls = IncompatiblePluginError if result.status == INCOMPATIBLE else PluginLoadError
+            raise cls(f"moe plugin {entry.qualified_name!r} failed to load: {result.reason}") from result.error
+        return result
+
+    @property
+    def plugin_manager(self):
+        """The pluggy PluginManager holding every plugin loaded so far."""
+        with self._lock:
+            if self._pm is None:
+                from moe_core.loading import new_plugin_manager
+
+                self._pm = new_plugin_manager()
+            return self._pm
+
+    # ---- reporting ----------------------------------------------------------
+    def describe(self, check: bool = False) -> list[BackendInfo]:
+        """Rows of ``moe backends``. Without ``check`` nothing is imported."""
+        filters = self.filters()
+        dupes = self.duplicates(filters)
+        rows = []
+        for e in self.entries():
+            base = dict(name=e.name, distribution=e.distribution, version=e.version, entry_point=e.value)
+            disabled = filters.disabled_reason(e.name, e.distribution)
+            if disabled:
+                rows.append(BackendInfo(status=DISABLED, reason=disabled, **base))
+                continue
+            dup_reason = ""
+            if e.name in dupes:
+                others = [x.distribution for x in dupes[e.name] if x.distribution != e.distribution]
+                dup_reason = (
+                    f"duplicate: backend {e.name!r} is also provided by {', '.join(others)}; "
+                    f"pick one with backend='{e.distribution}:{e.name}' or MOE_DISABLE_PLUGINS"
+                )
+            if not check:
+                rows.append(BackendInfo(status=DISCOVERED, reason=dup_reason, **base))
+                continue
+            result = self.load(e, strict=False)
+            if not result.ok:
+                rows.append(BackendInfo(status=result.status, reason=result.reason, **base))
+                continue
+            a2a = tuple(sorted({a for op in result.fused_ops for a in op.a2a_backends}))
+            prio = max(op.priority for op in result.fused_ops)
+            supports = [op.available() for op in result.fused_ops]
+            if dup_reason:
+                rows.append(BackendInfo(status="error", reason=dup_reason, a2a_backends=a2a, priority=prio, **base))
+            elif any(supports):
+                rows.append(BackendInfo(status=AVAILABLE, a2a_backends=a2a, priority=prio, **base))
+            else:
+                reason = "; ".join(sorted({s.reason for s in supports}))
+                rows.append(BackendInfo(status=UNAVAILABLE, reason=reason, a2a_backends=a2a, priority=prio, **base))
+        return rows
+
+
+_default: PluginRegistry | None = None
+_default_lock = threading.Lock()
+
+
+def _reset_default_lock() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_default_lock)
+
+
+def default_registry() -> PluginRegistry:
+    """The process-wide registry every runner uses unless given another."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = PluginRegistry()
+        return _default

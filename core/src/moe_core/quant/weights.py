@@ -1,0 +1,115 @@
+"""The bridge between the element formats and ``MoeWeights``.
+
+``quantize_weights`` turns unquantized canonical weights into a scheme's
+storage (``moe_core.schemes.SCHEMES`` says which fields it fills);
+``dequantize_expert`` / ``dequantize_weights`` go back to floats for the
+torch reference backend and for error checks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core.errors import InvalidInputError
+from moe_core.quant._checks import check_float_input
+from moe_core.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
+from moe_core.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from moe_core.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from moe_core.schemes import SchemeSpec, scheme_spec
+from moe_core.weights import MoeWeights
+
+_PROJECTIONS = ("w13", "w2")
+
+
+def quantize_weights(weights: MoeWeights, scheme: str) -> MoeWeights:
+    """Quantize canonical float ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` into ``scheme``.
+
+    Quantized schemes fill ``w*_scale`` (and ``w*_global_scale`` for nvfp4, one
+    per expert) and pass the biases through unchanged: their dtype is the
+    activation dtype, which the caller chooses. Unquantized schemes
+    (fp32/bf16/fp16) cast ``w13``/``w2`` *and* the biases to the scheme's dtype,
+    because ``validate_weights`` requires that for them.
+    """
+    if not isinstance(weights, MoeWeights):
+        raise InvalidInputError(f"weights must be a MoeWeights, got {type(weights).__name__}")
+    spec = scheme_spec(scheme)
+    for name in _PROJECTIONS:
+        check_float_input(getattr(weights, name), f"{name}", min_dim=3)
+    if not spec.quantized:
+
+        def cast(t):
+            return None if t is None else t.to(spec.storage_dtype)
+
+        return MoeWeights(w13=cast(weights.w13), w2=cast(weights.w2), b13=cast(weights.b13), b2=cast(weights.b2))
+    out = MoeWeights(w13=weights.w13, w2=weights.w2, b13=weights.b13, b2=weights.b2)
+    for name in _PROJECTIONS:
+        w = getattr(weights, name)
+        global_scale = None
+        if spec.name == "mxfp4":
+            q, scale = quantize_mxfp4(w)
+        elif spec.name == "nvfp4":
+            q, scale, global_scale = quantize_nvfp4(w)
+        elif spec.name == "fp8_block":
+            q, scale = quantize_fp8_block(w, spec.scale_block)
+        else:  # a scheme added to SCHEMES without a quantizer here
+            raise InvalidInputError(f"no quantizer for scheme {spec.name!r}")
+        setattr(out, name, q)
+        setattr(out, f"{name}_scale", scale)
+        setattr(out, f"{name}_global_scale", global_scale)
+    return out
+
+
+def _dequantize(spec: SchemeSpec, q, scale, global_scale, dtype: torch.dtype) -> torch.Tensor:
+    """One stored projection (any leading dims) back to ``dtype``."""
+    if not spec.quantized:
+        return q.to(dtype)
+    if scale is None:
+        raise InvalidInputError(f"scheme {spec.name!r} needs a block scale")
+    if spec.name == "mxfp4":
+        return dequantize_mxfp4(q, scale, dtype)
+    if spec.name == "nvfp4":
+        if global_scale is None:
+            raise InvalidInputError("scheme 'nvfp4' needs a global scale")
+        return dequantize_nvfp4(q, scale, global_scale, dtype)
+    if spec.name == "fp8_block":
+        return dequantize_fp8_block(q, scale, spec.scale_block, dtype)
+    raise InvalidInputError(f"no dequantizer for scheme {spec.name!r}")
+
+
+def dequantize_expert(weights: MoeWeights, scheme: str, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``expert``'s ``w13 [2I, H]`` and ``w2 [H, I]`` in float32 (reference backend, per active expert)."""
+    spec = scheme_spec(scheme)
+    num_experts = weights.w13.shape[0]
+    if not -num_experts <= expert < num_experts:
+        raise InvalidInputError(f"expert {expert} out of range for {num_experts} experts")
+
+    def pick(t):
+        return None if t is None else t[expert]
+
+    return tuple(
+        _dequantize(
+            spec,
+            getattr(weights, name)[expert],
+            pick(getattr(weights, f"{name}_scale")),
+            pick(getattr(weights, f"{name}_global_scale")),
+            torch.float32,
+        )
+        for name in _PROJECTIONS
+    )
+
+
+def dequantize_weights(
+    weights: MoeWeights, scheme: str, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All experts' ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` in ``dtype``."""
+    spec = scheme_spec(scheme)
+    return tuple(
+        _dequantize(
+            spec,
+            getattr(weights, name),
+            getattr(weights, f"{name}_scale"),
+            getattr(weights, f"{name}_global_scale"),
+            dtype,
+        )
+        for name in _PROJECTIONS
+    )

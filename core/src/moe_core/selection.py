@@ -1,0 +1,180 @@
+"""Step 3 of 3: choose the fused op for a problem.
+
+``backend="auto"`` loads every enabled plugin and picks, among the ops whose
+support check passes, the one with the highest declared priority (ties broken
+by name, so the choice is deterministic). An explicit backend either works or
+raises an error that lists, for every installed backend, why it was not usable.
+Nothing here runs per forward: the runner calls ``select`` once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from moe_core.config import MoeProblem
+from moe_core.discovery import PluginEntry
+from moe_core.errors import (
+    BackendDisabledError,
+    BackendNotInstalledError,
+    BackendUnavailableError,
+    DuplicateBackendError,
+    PluginLoadError,
+    PluginWarning,
+)
+from moe_core.known_backends import FIRST_PARTY
+from moe_core.plugins import PluginRegistry, default_registry
+from moe_core.settings import normalize_distribution
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The fused op chosen for a problem and the entry point it came from."""
+
+    op: type
+    entry: PluginEntry
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+
+def parse_backend(spec: str) -> tuple[str | None, str]:
+    """``"triton"`` -> (None, "triton"); ``"moe-triton:triton"`` -> ("moe-triton", "triton")."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise BackendNotInstalledError(f"backend must be a non-empty string, got {spec!r}")
+    dist, sep, name = spec.strip().rpartition(":")
+    return (dist or None) if sep else None, name
+
+
+def _installed_summary(registry: PluginRegistry) -> str:
+    names = sorted({e.qualified_name for e in registry.entries()})
+    return ", ".join(names) if names else "none"
+
+
+def _duplicate_error(name: str, entries: list[PluginEntry]) -> DuplicateBackendError:
+    dists = sorted({f"{e.distribution} {e.version}" for e in entries})
+    picks = " or ".join(f"backend={e.qualified_name!r}" for e in entries)
+    return DuplicateBackendError(
+        f"runner backend {name!r} is provided by more than one distribution: {' and '.join(dists)}. "
+        f"Pick one with {picks}, or block one with MOE_DISABLE_PLUGINS=<distribution>."
+    )
+
+
+def explain(problem: MoeProblem, registry: PluginRegistry | None = None) -> list[tuple[str, str | None]]:
+    """For every installed backend: (qualified name, None if usable else the reason)."""
+    registry = registry or default_registry()
+    filters = registry.filters()
+    out = []
+    for e in registry.entries():
+        disabled = filters.disabled_reason(e.name, e.distribution)
+        if disabled:
+            out.append((e.qualified_name, disabled))
+            continue
+        result = registry.load(e, strict=False)
+        if not result.ok:
+            out.append((e.qualified_name, f"failed to load: {result.reason}"))
+            continue
+        ops = [op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends]
+        if not ops:
+            served = sorted({a for op in result.fused_ops for a in op.a2a_backends})
+            out.append((e.qualified_name, f"serves a2a backends {served}, not {problem.config.a2a_backend!r}"))
+            continue
+        support = ops[0].check(problem)
+        out.append((e.qualified_name, None if support else support.reason))
+    return out
+
+
+def _explanation(problem: MoeProblem, registry: PluginRegistry) -> str:
+    lines = [f"  - {name}: {'usable' if reason is None else reason}" for name, reason in explain(problem, registry)]
+    return "\n".join(lines) if lines else "  (no backend is installed)"
+
+
+def _describe(problem: MoeProblem) -> str:
+    c = problem.config
+    return (
+        f"E={c.num_experts} top_k={c.top_k} H={c.hidden_size} I={c.intermediate_size} "
+        f"scheme={c.quant_scheme} activation={c.activation} dtype={str(c.dtype).replace('torch.', '')} "
+        f"bias={c.has_bias} a2a={c.a2a_backend} device={problem.device}"
+    )
+
+
+def select(problem: MoeProblem, backend: str = "auto", registry: PluginRegistry | None = None) -> Selection:
+    """Choose the fused op for ``problem``; raise a ``BackendError`` saying why not."""
+    registry = registry or default_registry()
+    if backend == "auto":
+        return _select_auto(problem, registry)
+    return _select_explicit(problem, backend, registry)
+
+
+def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry) -> Selection:
+    dist, name = parse_backend(backend)
+    named = [e for e in registry.entries() if e.name == name]
+    if dist is not None:
+        chosen = [e for e in named if normalize_distribution(e.distribution) == normalize_distribution(dist)]
+        if not chosen and named:
+            by = ", ".join(sorted({e.distribution for e in named}))
+            raise BackendNotInstalledError(f"runner backend {name!r} is provided by {by}, not by {dist!r}")
+        named = chosen
+    if not named:
+        hint = (
+            f"install it with: pip install {FIRST_PARTY[name]}"
+            if name in FIRST_PARTY
+            else "no known distribution provides it"
+        )
+        raise BackendNotInstalledError(
+            f"runner backend {name!r} is not installed; {hint}. Installed backends: {_installed_summary(registry)}"
+        )
+    filters = registry.filters()
+    enabled = [e for e in named if filters.disabled_reason(e.name, e.distribution) is None]
+    if not enabled:
+        reasons = "; ".join(f"{e.qualified_name}: {filters.disabled_reason(e.name, e.distribution)}" for e in named)
+        raise BackendDisabledError(f"runner backend {name!r} is installed but {reasons}")
+    if len({e.distribution for e in enabled}) > 1:
+        raise _duplicate_error(name, enabled)
+    entry = enabled[0]
+    result = registry.load(entry, strict=False)
+    if not result.ok:
+        raise PluginLoadError(
+            f"runner backend {name!r} failed to load: {result.reason}\n{result.traceback}".rstrip()
+        ) from result.error
+    ops = [op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends]
+    if not ops:
+        served = sorted({a for op in result.fused_ops for a in op.a2a_backends})
+        raise BackendUnavailableError(
+            f"runner backend {name!r} has no fused op for a2a backend {problem.config.a2a_backend!r} "
+            f"(it serves {served})"
+        )
+    support = ops[0].check(problem)
+    if not support:
+        raise BackendUnavailableError(
+            f"runner backend {name!r} cannot run this problem ({_describe(problem)}): {support.reason}\n"
+            f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
+        )
+    return Selection(ops[0], entry)
+
+
+def _select_auto(problem: MoeProblem, registry: PluginRegistry) -> Selection:
+    filters = registry.filters()
+    dupes = registry.duplicates(filters)
+    if dupes:
+        name, entries = sorted(dupes.items())[0]
+        raise _duplicate_error(name, entries)
+    best: tuple[int, str, Selection] | None = None
+    for entry in registry.enabled_entries(filters):
+        result = registry.load(entry, strict=filters.strict)
+        if not result.ok:
+            warnings.warn(f"moe plugin {entry.qualified_name!r} skipped: {result.reason}", PluginWarning, stacklevel=3)
+            continue
+        for op in result.fused_ops:
+            if problem.config.a2a_backend in op.a2a_backends and op.check(problem):
+                # highest priority first, then alphabetical name for a stable choice
+                key = (-op.priority, entry.name)
+                if best is None or key < best[:2]:
+                    best = (*key, Selection(op, entry))
+    if best is None:
+        raise BackendUnavailableError(
+            f"no installed backend can run this problem ({_describe(problem)}).\n"
+            f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
+        )
+    return best[2]

@@ -1,0 +1,83 @@
+"""Write installable-looking distributions into a folder, for tests.
+
+A folder on ``sys.path`` holding ``NAME-VERSION.dist-info/METADATA`` and
+``entry_points.txt`` *is* an installed distribution as far as
+``importlib.metadata`` is concerned; this is the cheapest way to test entry
+point discovery without pip. ``write_distribution`` also writes the plugin's
+modules next to it.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+
+def write_distribution(
+    root: str | Path,
+    name: str,
+    version: str = "1.0",
+    entry_points: dict[str, str] | None = None,
+    modules: dict[str, str] | None = None,
+    group: str = "moe.fused_ops",
+) -> Path:
+    """Create distribution ``name`` under ``root`` and return ``root``.
+
+    ``entry_points`` maps entry-point names to ``module:attr`` targets in
+    ``group``; ``modules`` maps dotted module names to their source.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+    folder.mkdir()
+    (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = [f"[{group}]"] + [f"{k} = {v}" for k, v in (entry_points or {}).items()]
+    (folder / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    for module, source in (modules or {}).items():
+        path = root.joinpath(*module.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(root).parents:
+            if str(parent) != ".":
+                init = root / parent / "__init__.py"
+                if not init.exists():
+                    init.write_text("")
+        path.write_text(textwrap.dedent(source))
+    return root
+
+
+def plugin_source(
+    backend: str,
+    *,
+    api_version: int | str = "API_VERSION",
+    priority: int = 0,
+    device_types: tuple[str, ...] = ("cpu",),
+    a2a_backends: tuple[str, ...] = ("none",),
+    extra: str = "",
+) -> str:
+    """Source of a plugin module providing backend ``backend``.
+
+    Its fused op reuses the torch reference's arithmetic, so a runner bound to
+    it computes real results; ``extra`` is appended (e.g. a broken hook).
+    """
+    return textwrap.dedent(
+        f"""
+        from moe_core import API_VERSION, hookimpl
+
+        @hookimpl
+        def moe_api_version():
+            return {api_version}
+
+        @hookimpl
+        def moe_fused_ops():
+            from moe_core.backends.torch_backend import TorchFusedOp
+
+            class StandInFusedOp(TorchFusedOp):
+                name = {backend!r}
+                priority = {priority}
+                device_types = frozenset({set(device_types)!r})
+                a2a_backends = {tuple(a2a_backends)!r}
+
+            return [StandInFusedOp]
+        """
+    ) + textwrap.dedent(extra)

@@ -1,0 +1,61 @@
+"""Checks on a forward's inputs, run before any kernel.
+
+Metadata only (shape, dtype, device, strides): nothing here reads tensor
+values, so the checks cost no device synchronisation and stay valid inside
+CUDA-graph capture and ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core.config import MoeConfig
+from moe_core.errors import InvalidInputError
+
+
+def _fmt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def validate_forward(
+    config: MoeConfig,
+    device: torch.device,
+    hidden_states: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != config.hidden_size:
+        raise InvalidInputError(f"hidden_states must be [M, {config.hidden_size}], got {list(hidden_states.shape)}")
+    m = hidden_states.shape[0]
+    if hidden_states.dtype != config.dtype:
+        raise InvalidInputError(
+            f"hidden_states has dtype {_fmt(hidden_states.dtype)}, the layer computes in {_fmt(config.dtype)}"
+        )
+    expected = [m, config.top_k]
+    if list(topk_ids.shape) != expected:
+        raise InvalidInputError(f"topk_ids must be {expected} ([M, top_k]), got {list(topk_ids.shape)}")
+    if list(topk_weights.shape) != expected:
+        raise InvalidInputError(f"topk_weights must be {expected} ([M, top_k]), got {list(topk_weights.shape)}")
+    if topk_ids.dtype != torch.int32:
+        raise InvalidInputError(f"topk_ids must be int32, got {_fmt(topk_ids.dtype)} (convert with .to(torch.int32))")
+    if topk_weights.dtype != torch.float32:
+        raise InvalidInputError(f"topk_weights must be float32, got {_fmt(topk_weights.dtype)} (convert with .float())")
+    for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != device:
+            raise InvalidInputError(f"{name} is on {t.device}, but the layer's weights are on {device}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise InvalidInputError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if list(out.shape) != [m, config.hidden_size] or out.dtype != config.dtype or out.device != device:
+            raise InvalidInputError(
+                f"out must be a [{m}, {config.hidden_size}] {_fmt(config.dtype)} tensor on {device}, got "
+                f"{list(out.shape)} {_fmt(out.dtype)} on {out.device}"
+            )
+        if not out.is_contiguous():
+            raise InvalidInputError("out must be contiguous")
+        if out.data_ptr() == hidden_states.data_ptr() and m > 0:
+            raise InvalidInputError("out must not alias hidden_states")

@@ -1,0 +1,99 @@
+"""The ``moe`` command: output shapes, statuses and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from moe_core.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_backends_json_without_check(site, capsys):
+    site.add("moe-one", "one")
+    code, out, _ = run_cli(capsys, "backends", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0
+    assert rows["one"]["status"] == "discovered" and rows["one"]["distribution"] == "moe-one"
+    assert rows["one"]["version"] == "1.0"
+
+
+def test_backends_check_statuses(site, capsys, monkeypatch):
+    site.add("moe-one", "one")
+    site.add("moe-gpu", "gpu", device_types=("cuda",))
+    site.add("moe-broken", "broken", source="raise ValueError('bad plugin')\n")
+    site.add("moe-old", "old", api_version=0)
+    site.add("moe-off", "off")
+    monkeypatch.setenv("MOE_DISABLE_PLUGINS", "moe-off")
+    code, out, _ = run_cli(capsys, "backends", "--check", "--json")
+    status = {r["name"]: (r["status"], r["reason"]) for r in json.loads(out)}
+    assert code == 0
+    assert status["one"][0] == "available" and status["torch"][0] == "available"
+    assert status["gpu"][0] == "unavailable" and "CUDA" in status["gpu"][1]
+    assert status["broken"][0] == "error" and "bad plugin" in status["broken"][1]
+    assert status["old"][0] == "incompatible"
+    assert status["off"][0] == "disabled" and "MOE_DISABLE_PLUGINS" in status["off"][1]
+    # strict mode: same listing, non-zero exit
+    monkeypatch.setenv("MOE_STRICT_PLUGINS", "1")
+    code, out, err = run_cli(capsys, "backends", "--check", "--json")
+    assert code == 1 and "moe-broken:broken" in err and json.loads(out)
+
+
+def test_backends_table(site, capsys, monkeypatch):
+    code, out, _ = run_cli(capsys, "backends")
+    assert code == 0 and "torch" in out and "moe-core" in out
+
+
+def test_run_json_verify(capsys):
+    code, out, _ = run_cli(capsys, "run", "--json", "--verify", "--tokens", "8", "--repeat", "1")
+    report = json.loads(out)
+    assert code == 0 and report["backend"] == "torch" and report["verified"] is True
+    assert report["rel_l2_error"] <= report["tolerance"] and report["tokens"] == 8
+
+
+def test_run_explicit_sizes(capsys):
+    _, out, _ = run_cli(
+        capsys,
+        "run",
+        "--json",
+        "--experts",
+        "4",
+        "--top-k",
+        "1",
+        "--hidden",
+        "16",
+        "--intermediate",
+        "8",
+        "--dtype",
+        "fp32",
+        "--activation",
+        "gelu",
+        "--repeat",
+        "1",
+    )
+    report = json.loads(out)
+    assert (report["experts"], report["top_k"], report["hidden"], report["intermediate"]) == (4, 1, 16, 8)
+    assert report["activation"] == "gelu"
+
+
+def test_run_missing_backend_is_a_clean_error(capsys):
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--repeat", "1")
+    assert code == 2 and "pip install moe-triton" in err
+
+
+def test_run_bad_sizes_are_a_clean_error(capsys):
+    code, _, err = run_cli(capsys, "run", "--experts", "2", "--top-k", "3")
+    assert code == 2 and "top_k=3 is larger than num_experts=2" in err
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "backends" in out and "run" in out and "MOE_PLUGINS" in out

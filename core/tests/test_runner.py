@@ -1,0 +1,167 @@
+"""The runner: binding, numerics against the float64 oracle, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from moe_core import MoeConfig, MoeRunner, MoeWeights
+from moe_core.errors import InvalidInputError
+from moe_core.reference import reference_for
+from moe_core.synthetic import random_inputs, random_weights
+from moe_core.tolerances import relative_l2, tolerance
+
+
+def make(scheme="fp32", dtype=torch.float32, **kw):
+    cfg = MoeConfig(
+        num_experts=kw.pop("e", 6),
+        top_k=kw.pop("k", 2),
+        hidden_size=kw.pop("h", 32),
+        intermediate_size=kw.pop("i", 16),
+        quant_scheme=scheme,
+        dtype=dtype,
+        **kw,
+    )
+    return cfg, random_weights(cfg, seed=3)
+
+
+@pytest.mark.parametrize("scheme,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+@pytest.mark.parametrize("m", [0, 1, 7, 64])
+def test_torch_backend_matches_oracle(scheme, dtype, m):
+    cfg, w = make(scheme, dtype)
+    runner = MoeRunner(cfg, w, backend="torch")
+    x, ids, tw = random_inputs(cfg, m)
+    out = runner(x, ids, tw)
+    assert out.shape == (m, 32) and out.dtype == dtype
+    ref = reference_for(cfg, w, x, ids, tw)
+    assert relative_l2(out, ref) <= tolerance(scheme, dtype)
+
+
+def test_out_buffer_is_written_and_returned():
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    x, ids, tw = random_inputs(cfg, 9)
+    out = torch.full((9, 32), float("nan"))
+    got = runner(x, ids, tw, out=out)
+    assert got is out and torch.isfinite(out).all()
+    torch.testing.assert_close(out, runner(x, ids, tw))
+
+
+def test_oracle_disagrees_with_a_wrong_layer():
+    """The comparison can fail: swapping the gate/up halves is caught."""
+    cfg, w = make()
+    x, ids, tw = random_inputs(cfg, 16)
+    out = MoeRunner(cfg, w)(x, ids, tw)
+    i = cfg.intermediate_size
+    swapped = MoeWeights(torch.cat([w.w13[:, i:], w.w13[:, :i]], dim=1), w.w2)
+    assert relative_l2(out, reference_for(cfg, swapped, x, ids, tw)) > 0.1
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda x, i, t: (x.to(torch.float64), i, t), "hidden_states has dtype float64"),
+        (lambda x, i, t: (x[:, :-1], i, t), r"hidden_states must be \[M, 32\]"),
+        (lambda x, i, t: (x, i.long(), t), "topk_ids must be int32"),
+        (lambda x, i, t: (x, i, t.half()), "topk_weights must be float32"),
+        (lambda x, i, t: (x, i[:-1], t), r"topk_ids must be \[5, 2\]"),
+        (lambda x, i, t: (x, i, t[:, :1]), r"topk_weights must be \[5, 2\]"),
+        (lambda x, i, t: (x[0], i, t), r"hidden_states must be \[M, 32\]"),
+        (lambda x, i, t: (x, i.tolist(), t), "topk_ids must be a torch.Tensor"),
+        (lambda x, i, t: (x, i, t.to("meta")), "topk_weights is on meta"),
+    ],
+)
+def test_bad_forward_input_raises_before_any_kernel(mutate, match):
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    calls = []
+    runner._apply = lambda *a: calls.append(a)
+    x, ids, tw = random_inputs(cfg, 5)
+    with pytest.raises(InvalidInputError, match=match):
+        runner(*mutate(x, ids, tw))
+    assert calls == []
+
+
+def test_bad_out_buffer():
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    x, ids, tw = random_inputs(cfg, 5)
+    with pytest.raises(InvalidInputError, match="out must be"):
+        runner(x, ids, tw, out=torch.empty(5, 32, dtype=torch.float16))
+    with pytest.raises(InvalidInputError, match="contiguous"):
+        runner(x, ids, tw, out=torch.empty(32, 5).T)
+    with pytest.raises(InvalidInputError, match="alias"):
+        runner(x, ids, tw, out=x)
+
+
+def test_expert_ids_out_of_range_are_rejected():
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    x, ids, tw = random_inputs(cfg, 5)
+    ids[2, 1] = cfg.num_experts
+    with pytest.raises(InvalidInputError, match=r"\[0, 6\)"):
+        runner(x, ids, tw)
+    ids[2, 1] = -1
+    with pytest.raises(InvalidInputError, match=r"\[0, 6\)"):
+        runner(x, ids, tw)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(num_experts=4, top_k=5, hidden_size=8, intermediate_size=8), "top_k=5 is larger than num_experts=4"),
+        (dict(num_experts=0, top_k=1, hidden_size=8, intermediate_size=8), "num_experts must be a positive int"),
+        (dict(num_experts=4, top_k=1, hidden_size=8, intermediate_size=8, activation="relu"), "unknown activation"),
+        (dict(num_experts=4, top_k=1, hidden_size=8, intermediate_size=8, quant_scheme="int3"), "unknown quant"),
+        (
+            dict(num_experts=4, top_k=1, hidden_size=8, intermediate_size=8, dtype=torch.float16),
+            "computes in torch.bfloat16",
+        ),
+        (
+            dict(num_experts=4, top_k=2, hidden_size=8, intermediate_size=8, apply_router_weight_on_input=True),
+            "top_k == 1",
+        ),
+        (
+            dict(num_experts=4, top_k=1, hidden_size=40, intermediate_size=64, quant_scheme="mxfp4"),
+            "multiple of the scale block 32",
+        ),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(InvalidInputError, match=match):
+        MoeConfig(**kwargs)
+
+
+def test_bad_weights():
+    cfg, w = make()
+    with pytest.raises(InvalidInputError, match=r"w13 has shape \(6, 16, 32\), expected \(6, 32, 32\)"):
+        MoeRunner(cfg, MoeWeights(w.w13[:, :16], w.w2))
+    with pytest.raises(InvalidInputError, match="w2 has dtype torch.float16"):
+        MoeRunner(cfg, MoeWeights(w.w13, w.w2.half()))
+    with pytest.raises(InvalidInputError, match="w2 is on meta but w13 is on cpu"):
+        MoeRunner(cfg, MoeWeights(w.w13, w.w2.to("meta")))
+    with pytest.raises(InvalidInputError, match="b13 given but config.has_bias is False"):
+        MoeRunner(cfg, MoeWeights(w.w13, w.w2, b13=torch.zeros(6, 32), b2=torch.zeros(6, 32)))
+    cfg_b, _ = make(has_bias=True)
+    with pytest.raises(InvalidInputError, match="b13 is missing"):
+        MoeRunner(cfg_b, MoeWeights(w.w13, w.w2))
+    with pytest.raises(InvalidInputError, match="w13_scale given"):
+        MoeRunner(cfg, MoeWeights(w.w13, w.w2, w13_scale=torch.ones(1)))
+
+
+def test_weights_on_another_device_than_inputs():
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    x, ids, tw = random_inputs(cfg, 5)
+    with pytest.raises(InvalidInputError, match="hidden_states is on meta, but the layer's weights are on cpu"):
+        runner(x.to("meta"), ids, tw)
+
+
+def test_non_contiguous_input():
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    x, ids, tw = random_inputs(cfg, 8)
+    wide = torch.randn(8, 64)
+    wide[:, ::2] = x
+    strided = wide[:, ::2]
+    assert not strided.is_contiguous()
+    torch.testing.assert_close(runner(strided, ids, tw), runner(x, ids, tw))
