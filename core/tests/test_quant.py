@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from moe_core.config import MoeConfig
 from moe_core.errors import InvalidInputError
 from moe_core.quant import (
@@ -89,8 +88,18 @@ def test_e2m1_ties_go_to_even_code(x, code):
 
 @pytest.mark.parametrize(
     "x, value",
-    [(0.2499, 0.0), (0.2501, 0.5), (0.74, 0.5), (1.26, 1.5), (2.49, 2.0), (2.51, 3.0), (4.99, 4.0),
-     (5.01, 6.0), (-0.6, -0.5), (-4.4, -4.0)],
+    [
+        (0.2499, 0.0),
+        (0.2501, 0.5),
+        (0.74, 0.5),
+        (1.26, 1.5),
+        (2.49, 2.0),
+        (2.51, 3.0),
+        (4.99, 4.0),
+        (5.01, 6.0),
+        (-0.6, -0.5),
+        (-4.4, -4.0),
+    ],
 )
 def test_e2m1_rounds_to_nearest(x, value):
     assert e2m1_to_float(float_to_e2m1(torch.tensor([x]))).item() == value
@@ -172,12 +181,12 @@ def test_mxfp4_exponent_at_exact_power_boundary(n):
     just_above = torch.nextafter(edge, torch.tensor(float("inf")))
     x = torch.zeros(3, 32)
     x[0, 5] = edge
-    x[1, 7] = -just_above
+    x[1, 7] = -just_above  # / 2**(n+1) is just above 3 -> code 5, negative
     x[2, 0] = edge * 0.75  # 4.5 * 2**n: still exponent n
     packed, scale = quantize_mxfp4(x)
     assert scale.tolist() == [[127 + n], [128 + n], [127 + n]]
     codes = unpack_fp4(packed)
-    assert codes[0, 5].item() == 7 and codes[1, 7].item() == 4 + 8 and codes[2, 0].item() == 6
+    assert codes[0, 5].item() == 7 and codes[1, 7].item() == 5 + 8 and codes[2, 0].item() == 6
 
 
 def test_mxfp4_exponent_clamps_at_both_ends():
@@ -383,7 +392,9 @@ def test_fp8_block_partial_edge_blocks():
     assert torch.equal(q.float().abs().amax(dim=(1, 2)), torch.full((3,), 448.0))
 
 
-@pytest.mark.parametrize("shape, block", [((2, 256, 384), (128, 128)), ((130, 70), (128, 128)), ((64, 96), (32, 16))])
+@pytest.mark.parametrize(
+    "shape, block", [((2, 256, 384), (128, 128)), ((130, 70), (128, 128)), ((64, 96), (32, 16))]
+)
 def test_fp8_block_error_bound_on_random_data(shape, block):
     w = torch.randn(*shape, generator=gen(8)) * torch.logspace(-2, 2, shape[-1])
     q, scale = quantize_fp8_block(w, block)
@@ -418,12 +429,15 @@ def test_fp8_per_token_group_hand_computed_and_zero_row():
     q, scale = quantize_fp8_per_token_group(x)
     assert q.shape == (3, 300) and scale.shape == (3, 3)
     assert scale[0, 0].item() == pytest.approx(0.1, rel=1e-7)
-    assert q.float()[0, :2].tolist() == [448.0, -44.75]  # -44.8 rounds to the E4M3 grid (step 2**2 / 16 = 0.25)
+    # -4.48 / 0.1 = -44.8 rounds to the E4M3 grid, whose step in [32, 64) is 32 / 8 = 4
+    assert q.float()[0, :2].tolist() == [448.0, -44.0]
     assert scale[1].tolist() == [pytest.approx(1e-10 / 448)] * 3
     assert int(q.float()[1].abs().max()) == 0
     out = dequantize_fp8_per_token_group(q, scale)
     assert torch.equal(out[1], x[1])
-    assert bool(((out - x).abs() <= 2**-4 * x.abs() + 2**-10 * scale.repeat_interleave(128, -1)[:, :300]).all())
+    assert bool(
+        ((out - x).abs() <= 2**-4 * x.abs() + 2**-10 * scale.repeat_interleave(128, -1)[:, :300]).all()
+    )
     assert torch.equal(scale[2, 2], x[2, 256:].abs().amax() / 448)
 
 
@@ -528,8 +542,10 @@ def test_cuda_matches_cpu_bit_for_bit():
         cpu, cuda = quantize(x), quantize(x.cuda())
         for a, b in zip(cpu, cuda):
             assert b.device.type == "cuda"
-            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                               b.cpu().view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b.cpu())
+            assert torch.equal(
+                a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                b.cpu().view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b.cpu(),
+            )
         assert torch.equal(dequantize(*cpu), dequantize(*cuda).cpu())
     codes = torch.randint(0, 16, (1000,), dtype=U8)
     assert torch.equal(e2m1_to_float(codes.cuda()).cpu(), e2m1_to_float(codes))

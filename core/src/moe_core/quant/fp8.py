@@ -47,7 +47,9 @@ def _check_block(block, what: str) -> tuple[int, int]:
     return bn, bk
 
 
-def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = FP8_WEIGHT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_block(
+    w: torch.Tensor, block: tuple[int, int] = FP8_WEIGHT_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``w [..., N, K]`` to ``(q e4m3 [..., N, K], scale fp32 [..., ceil(N/bn), ceil(K/bk)])``."""
     check_float_input(w, "fp8_block input", min_dim=2)
     bn, bk = _check_block(block, "fp8_block")

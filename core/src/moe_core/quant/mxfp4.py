@@ -74,7 +74,9 @@ def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale == UE8M0_NAN, torch.full_like(value, float("nan")), value)
 
 
-def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_mxfp4(
+    packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Decode ``packed [..., K/2]`` and ``scale [..., K/32]`` to ``dtype [..., K]``.
 
     Products are formed in float32 (exact: 2-bit mantissa times a power of two)

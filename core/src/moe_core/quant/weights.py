@@ -40,7 +40,9 @@ def quantize_weights(weights: MoeWeights, scheme: str) -> MoeWeights:
         def cast(t):
             return None if t is None else t.to(spec.storage_dtype)
 
-        return MoeWeights(w13=cast(weights.w13), w2=cast(weights.w2), b13=cast(weights.b13), b2=cast(weights.b2))
+        return MoeWeights(
+            w13=cast(weights.w13), w2=cast(weights.w2), b13=cast(weights.b13), b2=cast(weights.b2)
+        )
     out = MoeWeights(w13=weights.w13, w2=weights.w2, b13=weights.b13, b2=weights.b2)
     for name in _PROJECTIONS:
         w = getattr(weights, name)
@@ -77,7 +79,11 @@ def _dequantize(spec: SchemeSpec, q, scale, global_scale, dtype: torch.dtype) ->
 
 
 def dequantize_expert(weights: MoeWeights, scheme: str, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert ``expert``'s ``w13 [2I, H]`` and ``w2 [H, I]`` in float32 (reference backend, per active expert)."""
+    """Expert ``expert``'s ``w13 [2I, H]`` and ``w2 [H, I]`` in float32.
+
+    What the torch reference backend calls per active expert, so memory stays
+    at the stored size plus one expert.
+    """
     spec = scheme_spec(scheme)
     num_experts = weights.w13.shape[0]
     if not -num_experts <= expert < num_experts:
