@@ -392,9 +392,7 @@ def test_fp8_block_partial_edge_blocks():
     assert torch.equal(q.float().abs().amax(dim=(1, 2)), torch.full((3,), 448.0))
 
 
-@pytest.mark.parametrize(
-    "shape, block", [((2, 256, 384), (128, 128)), ((130, 70), (128, 128)), ((64, 96), (32, 16))]
-)
+@pytest.mark.parametrize("shape, block", [((2, 256, 384), (128, 128)), ((130, 70), (128, 128)), ((64, 96), (32, 16))])
 def test_fp8_block_error_bound_on_random_data(shape, block):
     w = torch.randn(*shape, generator=gen(8)) * torch.logspace(-2, 2, shape[-1])
     q, scale = quantize_fp8_block(w, block)
@@ -435,9 +433,7 @@ def test_fp8_per_token_group_hand_computed_and_zero_row():
     assert int(q.float()[1].abs().max()) == 0
     out = dequantize_fp8_per_token_group(q, scale)
     assert torch.equal(out[1], x[1])
-    assert bool(
-        ((out - x).abs() <= 2**-4 * x.abs() + 2**-10 * scale.repeat_interleave(128, -1)[:, :300]).all()
-    )
+    assert bool(((out - x).abs() <= 2**-4 * x.abs() + 2**-10 * scale.repeat_interleave(128, -1)[:, :300]).all())
     assert torch.equal(scale[2, 2], x[2, 256:].abs().amax() / 448)
 
 

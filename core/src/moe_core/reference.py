@@ -24,24 +24,42 @@ def reference_moe(
     b13: torch.Tensor | None = None,
     b2: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
+    act_quant=None,
 ) -> torch.Tensor:
-    """Routed-expert output in ``dtype`` from *dequantized* canonical weights."""
+    """Routed-expert output in ``dtype`` from *dequantized* canonical weights.
+
+    ``act_quant`` (see ``moe_core.quant.act_quant``) is applied, in float32 as
+    a kernel would, to each GEMM's whole input: all of ``hidden_states`` before
+    the first GEMM, all tokens' intermediate activations before the second.
+    """
+
+    def gemm_input(t: torch.Tensor) -> torch.Tensor:
+        return t if act_quant is None else act_quant(t.float()).to(dtype)
+
     x = hidden_states.to(dtype)
-    out = torch.zeros_like(x)
+    if config.apply_router_weight_on_input:  # top_k == 1: one weight per token
+        x = x * topk_weights.to(dtype)
+    x = gemm_input(x)
+    out = torch.zeros(hidden_states.shape, dtype=dtype, device=hidden_states.device)
+    hits = []  # (expert, token rows, routing weight, activation)
     for e in range(config.num_experts):
         hit = topk_ids == e  # [M, k]
         rows = hit.any(dim=1)
         if not bool(rows.any()):
             continue
         weight = (topk_weights.to(dtype) * hit).sum(dim=1, keepdim=True)[rows]
-        xe = x[rows]
-        if config.apply_router_weight_on_input:
-            xe = xe * weight
-        h13 = xe @ w13[e].to(dtype).T
+        h13 = x[rows] @ w13[e].to(dtype).T
         if b13 is not None:
             h13 = h13 + b13[e].to(dtype)
         act = apply_activation(config.activation, h13, alpha=config.swiglu_alpha, limit=config.swiglu_limit)
-        y = act @ w2[e].to(dtype).T
+        hits.append((e, rows, weight, act))
+    if not hits:
+        return out
+    acts = gemm_input(torch.cat([h[3] for h in hits]))
+    offset = 0
+    for e, rows, weight, act in hits:
+        y = acts[offset : offset + act.shape[0]] @ w2[e].to(dtype).T
+        offset += act.shape[0]
         if b2 is not None:
             y = y + b2[e].to(dtype)
         if not config.apply_router_weight_on_input:
@@ -52,10 +70,22 @@ def reference_moe(
 
 def reference_for(config: MoeConfig, weights, hidden_states, topk_ids, topk_weights) -> torch.Tensor:
     """The float64 oracle for a layer in any scheme (weights dequantized first)."""
+    from moe_core.quant.act_quant import activation_fake_quant
+
     if config.scheme.quantized:
         from moe_core.quant import dequantize_weights
 
         w13, w2 = dequantize_weights(weights, config.quant_scheme)
     else:
         w13, w2 = weights.w13, weights.w2
-    return reference_moe(config, w13, w2, hidden_states, topk_ids, topk_weights, weights.b13, weights.b2)
+    return reference_moe(
+        config,
+        w13,
+        w2,
+        hidden_states,
+        topk_ids,
+        topk_weights,
+        weights.b13,
+        weights.b2,
+        act_quant=activation_fake_quant(config.quant_scheme),
+    )

@@ -18,6 +18,8 @@ import torch
 from moe_core.activations import apply_activation
 from moe_core.errors import InvalidInputError
 from moe_core.fused_op import FusedOp
+from moe_core.quant import dequantize_projection
+from moe_core.quant.act_quant import activation_fake_quant
 from moe_core.weights import MoeWeights
 
 
@@ -25,7 +27,7 @@ class TorchFusedOp(FusedOp):
     name = "torch"
     a2a_backends = ("none",)
     priority = 0
-    quant_schemes: ClassVar[frozenset[str]] = frozenset({"fp32", "bf16", "fp16"})
+    quant_schemes: ClassVar[frozenset[str]] = frozenset({"fp32", "bf16", "fp16", "mxfp4", "nvfp4", "fp8_block"})
     activations: ClassVar[frozenset[str]] = frozenset({"silu", "gelu", "swiglu_oai"})
     activation_dtypes = frozenset({torch.float32, torch.bfloat16, torch.float16})
     device_types = frozenset({"cpu", "cuda"})
@@ -37,9 +39,16 @@ class TorchFusedOp(FusedOp):
         # happens per active expert in apply, so memory stays at the stored size.
         return weights
 
-    def expert_weights(self, w: MoeWeights, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ``e``'s ``w13`` ``[2I, H]`` and ``w2`` ``[H, I]`` in float32."""
-        return w.w13[e].float(), w.w2[e].float()
+    def __init__(self, problem) -> None:
+        super().__init__(problem)
+        # quantize-dequantize of each GEMM input for w8a8 / w4a4 schemes, else identity
+        self._act_quant = activation_fake_quant(self.config.quant_scheme) or (lambda t: t)
+
+    def expert_weight(self, w: MoeWeights, projection: str, e: int) -> torch.Tensor:
+        """Expert ``e``'s ``w13`` ``[2I, H]`` or ``w2`` ``[H, I]`` in float32."""
+        if self.config.scheme.quantized:
+            return dequantize_projection(w, self.config.quant_scheme, projection, e)
+        return getattr(w, projection)[e].float()
 
     def apply(self, hidden_states, topk_ids, topk_weights, prepared: MoeWeights, out=None):
         cfg = self.config
@@ -58,17 +67,26 @@ class TorchFusedOp(FusedOp):
             route_w = topk_weights.reshape(-1).index_select(0, order).unsqueeze(1)
             if cfg.apply_router_weight_on_input:
                 x = x * route_w
-            y = torch.empty(m * k, h, dtype=torch.float32, device=hidden_states.device)
+            x = self._act_quant(x)
+            active = [(e, n) for e, n in enumerate(counts) if n]
+            # first GEMM + activation for every active expert, then the second
+            # GEMM's input is quantized as one tensor (schemes with activation
+            # quantization use one dynamic scale over the whole GEMM input)
+            acts = torch.empty(m * k, cfg.intermediate_size, dtype=torch.float32, device=x.device)
             start = 0
-            for e, n in enumerate(counts):
-                if n == 0:
-                    continue
-                w13, w2 = self.expert_weights(prepared, e)
-                h13 = x[start : start + n] @ w13.T
+            for e, n in active:
+                h13 = x[start : start + n] @ self.expert_weight(prepared, "w13", e).T
                 if prepared.b13 is not None:
                     h13 = h13 + prepared.b13[e].float()
-                act = apply_activation(cfg.activation, h13, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
-                ye = act @ w2.T
+                acts[start : start + n] = apply_activation(
+                    cfg.activation, h13, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit
+                )
+                start += n
+            acts = self._act_quant(acts)
+            y = torch.empty(m * k, h, dtype=torch.float32, device=x.device)
+            start = 0
+            for e, n in active:
+                ye = acts[start : start + n] @ self.expert_weight(prepared, "w2", e).T
                 if prepared.b2 is not None:
                     ye = ye + prepared.b2[e].float()
                 y[start : start + n] = ye

@@ -21,7 +21,7 @@ from moe_core.quant.fp8 import (
 )
 from moe_core.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from moe_core.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from moe_core.quant.weights import dequantize_expert, dequantize_weights, quantize_weights
+from moe_core.quant.weights import dequantize_expert, dequantize_projection, dequantize_weights, quantize_weights
 
 __all__ = [
     "dequantize_expert",
@@ -29,6 +29,7 @@ __all__ = [
     "dequantize_fp8_per_token_group",
     "dequantize_mxfp4",
     "dequantize_nvfp4",
+    "dequantize_projection",
     "dequantize_weights",
     "e2m1_to_float",
     "float_to_e2m1",

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_core.errors import InvalidInputError
-from moe_core.quant._checks import check_dtype, check_float_input
+from moe_core.quant._common import check_dtype, check_float_input, div_const
 from moe_core.schemes import SCHEMES
 
 #: Largest finite float8_e4m3fn value.
@@ -47,9 +47,7 @@ def _check_block(block, what: str) -> tuple[int, int]:
     return bn, bk
 
 
-def quantize_fp8_block(
-    w: torch.Tensor, block: tuple[int, int] = FP8_WEIGHT_BLOCK
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = FP8_WEIGHT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``w [..., N, K]`` to ``(q e4m3 [..., N, K], scale fp32 [..., ceil(N/bn), ceil(K/bk)])``."""
     check_float_input(w, "fp8_block input", min_dim=2)
     bn, bk = _check_block(block, "fp8_block")
@@ -57,7 +55,7 @@ def quantize_fp8_block(
     nb, kb = _ceil_div(n, bn), _ceil_div(k, bk)
     padded = F.pad(w.float(), (0, kb * bk - k, 0, nb * bn - n))
     blocks = padded.reshape(*w.shape[:-2], nb, bn, kb, bk)
-    scale = blocks.abs().amax(dim=(-3, -1)) / FP8_MAX
+    scale = div_const(blocks.abs().amax(dim=(-3, -1)), FP8_MAX)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = _to_fp8(blocks / scale[..., :, None, :, None])
     return q.reshape(padded.shape)[..., :n, :k].contiguous(), scale
@@ -96,7 +94,7 @@ def quantize_fp8_per_token_group(
     kb = _ceil_div(k, group)
     padded = F.pad(x.float(), (0, kb * group - k))
     groups = padded.reshape(*x.shape[:-1], kb, group)
-    scale = groups.abs().amax(dim=-1).clamp(min=eps) / FP8_MAX
+    scale = div_const(groups.abs().amax(dim=-1).clamp(min=eps), FP8_MAX)
     q = _to_fp8(groups / scale.unsqueeze(-1))
     return q.reshape(padded.shape)[..., :k].contiguous(), scale
 

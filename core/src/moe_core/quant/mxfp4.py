@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.quant._checks import check_dtype, check_float_input, check_multiple
+from moe_core.quant._common import check_dtype, check_float_input, check_multiple
 from moe_core.quant.fp4 import e2m1_to_float, float_to_e2m1, pack_fp4, unpack_fp4
 from moe_core.schemes import SCHEMES
 
@@ -74,9 +74,7 @@ def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale == UE8M0_NAN, torch.full_like(value, float("nan")), value)
 
 
-def dequantize_mxfp4(
-    packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
+def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode ``packed [..., K/2]`` and ``scale [..., K/32]`` to ``dtype [..., K]``.
 
     Products are formed in float32 (exact: 2-bit mantissa times a power of two)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.quant._checks import check_dtype, check_float_input, check_multiple
+from moe_core.quant._common import check_dtype, check_float_input, check_multiple, div_const
 from moe_core.quant.fp4 import E2M1_MAX, e2m1_to_float, float_to_e2m1, pack_fp4, unpack_fp4
 from moe_core.schemes import SCHEMES
 
@@ -26,7 +26,7 @@ E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 def default_global_scale(w: torch.Tensor) -> torch.Tensor:
     """``amax / (448 * 6)`` per leading index (float32, shape ``w.shape[:-2]``); 1.0 where amax is 0."""
     amax = w.float().abs().amax(dim=(-2, -1))
-    return torch.where(amax > 0, amax / (E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+    return torch.where(amax > 0, div_const(amax, E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
 
 
 def _as_global_scale(global_scale, lead: torch.Size, device) -> torch.Tensor:
@@ -64,7 +64,7 @@ def quantize_nvfp4(
         gs = _as_global_scale(global_scale, lead, w.device)
     gs_b = gs[..., None, None]
     blocks = w.float().reshape(*w.shape[:-1], k // NVFP4_BLOCK, NVFP4_BLOCK)
-    block_scale = (blocks.abs().amax(dim=-1) / E2M1_MAX) / gs_b
+    block_scale = div_const(blocks.abs().amax(dim=-1), E2M1_MAX) / gs_b
     scale = block_scale.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     denom = (scale.float() * gs_b).unsqueeze(-1)
     scaled = torch.where(denom > 0, blocks / denom, torch.zeros_like(blocks))

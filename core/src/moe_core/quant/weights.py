@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.quant._checks import check_float_input
+from moe_core.quant._common import check_float_input
 from moe_core.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
 from moe_core.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from moe_core.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
@@ -40,9 +40,7 @@ def quantize_weights(weights: MoeWeights, scheme: str) -> MoeWeights:
         def cast(t):
             return None if t is None else t.to(spec.storage_dtype)
 
-        return MoeWeights(
-            w13=cast(weights.w13), w2=cast(weights.w2), b13=cast(weights.b13), b2=cast(weights.b2)
-        )
+        return MoeWeights(w13=cast(weights.w13), w2=cast(weights.w2), b13=cast(weights.b13), b2=cast(weights.b2))
     out = MoeWeights(w13=weights.w13, w2=weights.w2, b13=weights.b13, b2=weights.b2)
     for name in _PROJECTIONS:
         w = getattr(weights, name)
@@ -78,12 +76,10 @@ def _dequantize(spec: SchemeSpec, q, scale, global_scale, dtype: torch.dtype) ->
     raise InvalidInputError(f"no dequantizer for scheme {spec.name!r}")
 
 
-def dequantize_expert(weights: MoeWeights, scheme: str, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert ``expert``'s ``w13 [2I, H]`` and ``w2 [H, I]`` in float32.
-
-    What the torch reference backend calls per active expert, so memory stays
-    at the stored size plus one expert.
-    """
+def dequantize_projection(weights: MoeWeights, scheme: str, projection: str, expert: int) -> torch.Tensor:
+    """Expert ``expert``'s ``w13 [2I, H]`` or ``w2 [H, I]`` (``projection``) in float32."""
+    if projection not in _PROJECTIONS:
+        raise InvalidInputError(f"projection must be one of {_PROJECTIONS}, got {projection!r}")
     spec = scheme_spec(scheme)
     num_experts = weights.w13.shape[0]
     if not -num_experts <= expert < num_experts:
@@ -92,16 +88,22 @@ def dequantize_expert(weights: MoeWeights, scheme: str, expert: int) -> tuple[to
     def pick(t):
         return None if t is None else t[expert]
 
-    return tuple(
-        _dequantize(
-            spec,
-            getattr(weights, name)[expert],
-            pick(getattr(weights, f"{name}_scale")),
-            pick(getattr(weights, f"{name}_global_scale")),
-            torch.float32,
-        )
-        for name in _PROJECTIONS
+    return _dequantize(
+        spec,
+        getattr(weights, projection)[expert],
+        pick(getattr(weights, f"{projection}_scale")),
+        pick(getattr(weights, f"{projection}_global_scale")),
+        torch.float32,
     )
+
+
+def dequantize_expert(weights: MoeWeights, scheme: str, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``expert``'s ``w13 [2I, H]`` and ``w2 [H, I]`` in float32.
+
+    What the torch reference backend calls per active expert, so memory stays
+    at the stored size plus one expert.
+    """
+    return tuple(dequantize_projection(weights, scheme, name, expert) for name in _PROJECTIONS)
 
 
 def dequantize_weights(

@@ -1,4 +1,4 @@
-"""Input checks shared by the quantizers (one place for the messages)."""
+"""Helpers shared by the quantizers: input checks (one place for the messages) and exact division."""
 
 from __future__ import annotations
 
@@ -35,3 +35,13 @@ def check_dtype(t, dtype: torch.dtype, what: str) -> None:
         raise InvalidInputError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise InvalidInputError(f"{what} must have dtype {dtype}, got {t.dtype}")
+
+
+def div_const(x: torch.Tensor, c: float) -> torch.Tensor:
+    """``x / c`` correctly rounded on every device.
+
+    On CUDA, dividing by a Python scalar multiplies by its rounded reciprocal,
+    which can differ from true division by an ulp (and from the CPU result);
+    dividing by a 0-dim tensor on ``x``'s device divides for real.
+    """
+    return x / torch.tensor(c, dtype=x.dtype, device=x.device)
