@@ -37,6 +37,13 @@ def core(session: nox.Session) -> None:
     _pytest(session, "core/tests")
 
 
+@nox.session
+def transformers(session: nox.Session) -> None:
+    """Cross-check against Hugging Face transformers' MoE blocks (random weights, no download)."""
+    session.install(*CONSTRAINTS, "./core[test,transformers]")
+    _pytest(session, "core/tests/test_transformers_crosscheck.py")
+
+
 def _plugin_session(name: str, folder: str):
     @nox.session(name=name)
     def plugin(session: nox.Session) -> None:

@@ -97,3 +97,50 @@ def test_help_lists_commands(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "backends" in out and "run" in out and "MOE_PLUGINS" in out
+
+
+def test_check_torch_json(capsys):
+    code, out, _ = run_cli(capsys, "check", "torch", "--json", "-k", "reference[bf16")
+    report = json.loads(out)
+    assert code == 0 and report["backend"] == "torch"
+    assert report["passed"] == 3 and report["failed"] == 0 and report["skipped"] == 0
+    assert {c["id"] for c in report["cases"]} == {"bf16-bf16-silu", "bf16-bf16-gelu", "bf16-bf16-swiglu_oai"}
+
+
+def test_check_reports_failures_with_exit_code(site, capsys):
+    from test_conformance_catches_bugs import BUGGY, buggy_source
+
+    site.add("moe-swapped", "swapped", source=buggy_source("swapped", BUGGY["swapped"]))
+    code, out, _ = run_cli(capsys, "check", "swapped", "--json", "-k", "reference[fp32")
+    report = json.loads(out)
+    assert code == 1 and report["failed"] == 3
+
+
+def test_check_missing_backend_is_an_error(capsys):
+    code, _, err = run_cli(capsys, "check", "triton")
+    assert code == 2 and "pip install moe-triton" in err
+
+
+def test_bench_json_and_output_file(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    code, out, _ = run_cli(
+        capsys, "bench", "--preset", "tiny", "--tokens", "1,4", "--repeat", "2", "--json", "--output", str(path)
+    )
+    doc = json.loads(out)
+    assert code == 0 and json.loads(path.read_text()) == doc
+    assert [(r["preset"], r["tokens"], r["backend"]) for r in doc["rows"]] == [
+        ("tiny", 1, "torch"),
+        ("tiny", 4, "torch"),
+    ]
+    row = doc["rows"][1]
+    # 4 tokens x top-2 over 8 experts: bytes = experts hit x one expert's bytes + input/output
+    expert = (2 * 256 * 128 + 128 * 256) * 2
+    assert row["bytes_moved"] == row["experts_hit"] * expert + 2 * 4 * 128 * 2
+    assert row["flops"] == 2 * 4 * 2 * 3 * 128 * 256
+    assert 0 < row["roofline_fraction"] and row["time_us"] > 0
+    assert doc["device"] == "cpu" and doc["torch"]
+
+
+def test_bench_bad_tokens(capsys):
+    code, _, err = run_cli(capsys, "bench", "--tokens", "1,x")
+    assert code == 2 and "comma-separated integers" in err

@@ -107,7 +107,14 @@ def select(problem: MoeProblem, backend: str = "auto", registry: PluginRegistry 
     return _select_explicit(problem, backend, registry)
 
 
-def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry) -> Selection:
+def resolve_backend(backend: str, registry: PluginRegistry | None = None):
+    """Find, filter and load the plugin behind an explicit backend name.
+
+    Returns the ``LoadResult`` of the one enabled distribution providing it;
+    raises ``BackendNotInstalledError``, ``BackendDisabledError``,
+    ``DuplicateBackendError`` or ``PluginLoadError`` otherwise.
+    """
+    registry = registry or default_registry()
     dist, name = parse_backend(backend)
     named = [e for e in registry.entries() if e.name == name]
     if dist is not None:
@@ -132,12 +139,17 @@ def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry
         raise BackendDisabledError(f"runner backend {name!r} is installed but {reasons}")
     if len({e.distribution for e in enabled}) > 1:
         raise _duplicate_error(name, enabled)
-    entry = enabled[0]
-    result = registry.load(entry, strict=False)
+    result = registry.load(enabled[0], strict=False)
     if not result.ok:
         raise PluginLoadError(
             f"runner backend {name!r} failed to load: {result.reason}\n{result.traceback}".rstrip()
         ) from result.error
+    return result
+
+
+def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry) -> Selection:
+    result = resolve_backend(backend, registry)
+    name = result.entry.name
     ops = [op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends]
     if not ops:
         served = sorted({a for op in result.fused_ops for a in op.a2a_backends})
@@ -151,7 +163,7 @@ def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry
             f"runner backend {name!r} cannot run this problem ({_describe(problem)}): {support.reason}\n"
             f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
         )
-    return Selection(ops[0], entry)
+    return Selection(ops[0], result.entry)
 
 
 def _select_auto(problem: MoeProblem, registry: PluginRegistry) -> Selection:

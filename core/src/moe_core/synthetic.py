@@ -17,13 +17,18 @@ from moe_core.weights import MoeWeights
 def random_canonical_weights(
     config: MoeConfig, device="cpu", seed: int = 0, dtype: torch.dtype | None = None
 ) -> MoeWeights:
-    """Unquantized canonical weights (``dtype`` defaults to the config's dtype)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Unquantized canonical weights (``dtype`` defaults to the config's dtype).
+
+    Drawn on ``device`` itself (a CPU draw of a 100-GB-class layer would take
+    minutes), so the same seed gives different values on CPU and CUDA.
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
     dtype = dtype or config.dtype
 
     def draw(*shape, scale):
-        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
 
     w = MoeWeights(w13=draw(e, 2 * i, h, scale=h**-0.5), w2=draw(e, h, i, scale=i**-0.5))
     if config.has_bias:

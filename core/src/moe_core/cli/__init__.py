@@ -12,7 +12,7 @@ import importlib
 import sys
 
 #: subcommand modules, in the order ``moe --help`` lists them
-COMMANDS = ("backends", "run")
+COMMANDS = ("backends", "run", "check", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from moe_core.cli._console import stdout_console as _console
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -58,7 +60,6 @@ _STYLE = {
 
 
 def _print_table(rows, checked: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="moe runner backends" + ("" if checked else " (not loaded; use --check)"))
@@ -67,7 +68,7 @@ def _print_table(rows, checked: bool) -> None:
     for r in rows:
         style = _STYLE.get(r.status, "")
         table.add_row(r.name, r.distribution, r.version, f"[{style}]{r.status}[/]" if style else r.status, r.reason)
-    console = Console()
+    console = _console()
     if not rows:
         console.print("no moe runner backends are installed (not even moe-core's torch backend?)")
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from moe_core.cli._console import stdout_console as _console
 from moe_core.presets import PRESETS
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -114,7 +115,6 @@ def run(args) -> int:
 
 
 def _print(report: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(show_header=False, title="moe run")
@@ -124,4 +124,4 @@ def _print(report: dict) -> None:
         if key == "verified":
             value = "[green]yes[/]" if value else "[red]NO[/]"
         table.add_row(key, str(value))
-    Console().print(table)
+    _console().print(table)

@@ -1,0 +1,148 @@
+"""Routing in torch: router logits -> (topk_ids int32 [M, k], topk_weights float32 [M, k]).
+
+Kept apart from the fused op so any backend can be fed by any router. All
+arithmetic is float32 whatever the logits' dtype.
+
+- ``softmax_topk``: softmax over all experts, top-k, optional renormalisation
+  (Qwen-MoE ``norm_topk_prob``, gpt-oss renormalises).
+- ``topk_softmax``: top-k of the logits, softmax over the k selected (Mixtral).
+  Softmax is monotone and the renormalised softmax over a subset equals the
+  softmax of that subset's logits, so this equals ``softmax_topk(renormalize=True)``.
+- ``grouped_topk``: sigmoid (or softmax) scoring with ``e_score_correction_bias``
+  used for *choosing* only, group-limited choice (``n_group`` groups, the best
+  ``topk_group`` kept, a group scored by the sum of its two best experts),
+  renormalisation and ``routed_scaling_factor`` (DeepSeek-V3).
+- ``sigmoid_top1``: top-1 with weight ``sigmoid(logit)`` meant to be applied to
+  the expert *input* (Llama 4; ``MoeConfig.apply_router_weight_on_input``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe_core.errors import InvalidInputError
+
+
+def _check(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise InvalidInputError("router logits must be a [M, E] tensor")
+    if not logits.dtype.is_floating_point:
+        raise InvalidInputError(f"router logits must be floating point, got {logits.dtype}")
+    if not 1 <= top_k <= logits.shape[1]:
+        raise InvalidInputError(f"top_k={top_k} must be in [1, E={logits.shape[1]}]")
+    return logits.float()
+
+
+def _out(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return ids.to(torch.int32), weights.to(torch.float32)
+
+
+def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = True):
+    """Softmax over experts, then the k largest probabilities."""
+    probs = torch.softmax(_check(logits, top_k), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return _out(ids, weights)
+
+
+def topk_softmax(logits: torch.Tensor, top_k: int):
+    """Top-k of the logits, then softmax over the k selected (Mixtral)."""
+    values, ids = _check(logits, top_k).topk(top_k, dim=-1)
+    return _out(ids, torch.softmax(values, dim=-1))
+
+
+def grouped_topk(
+    logits: torch.Tensor,
+    top_k: int,
+    *,
+    n_group: int = 1,
+    topk_group: int = 1,
+    correction_bias: torch.Tensor | None = None,
+    scoring: str = "sigmoid",
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+):
+    """DeepSeek-V3 routing: biased choice within the best groups, unbiased weights."""
+    x = _check(logits, top_k)
+    m, e = x.shape
+    if scoring == "sigmoid":
+        scores = x.sigmoid()
+    elif scoring == "softmax":
+        scores = torch.softmax(x, dim=-1)
+    else:
+        raise InvalidInputError(f"scoring must be 'sigmoid' or 'softmax', got {scoring!r}")
+    if n_group < 1 or e % n_group:
+        raise InvalidInputError(f"n_group={n_group} must divide the number of experts {e}")
+    if not 1 <= topk_group <= n_group:
+        raise InvalidInputError(f"topk_group={topk_group} must be in [1, n_group={n_group}]")
+    per_group = e // n_group
+    if top_k > topk_group * per_group:
+        raise InvalidInputError(f"top_k={top_k} exceeds the {topk_group * per_group} experts in the chosen groups")
+    choice = scores
+    if correction_bias is not None:
+        if tuple(correction_bias.shape) != (e,):
+            raise InvalidInputError(f"correction_bias must be [{e}], got {list(correction_bias.shape)}")
+        choice = scores + correction_bias.to(device=x.device, dtype=torch.float32)
+    if n_group > 1:
+        grouped = choice.view(m, n_group, per_group)
+        group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)  # [M, n_group]
+        keep = torch.zeros_like(group_score, dtype=torch.bool)
+        keep.scatter_(1, group_score.topk(topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return _out(ids, weights * routed_scaling_factor)
+
+
+def sigmoid_top1(logits: torch.Tensor):
+    """Llama 4: the best expert, weight ``sigmoid(logit)`` (apply it on the input)."""
+    values, ids = _check(logits, 1).topk(1, dim=-1)
+    return _out(ids, values.sigmoid())
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """A router as data, so a layer description can carry it.
+
+    ``method`` is one of ``softmax_topk``, ``topk_softmax``, ``grouped_topk``,
+    ``sigmoid_top1``; the other fields are that function's arguments.
+    """
+
+    method: str = "softmax_topk"
+    top_k: int = 2
+    renormalize: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    scoring: str = "sigmoid"
+    routed_scaling_factor: float = 1.0
+
+
+def route(logits: torch.Tensor, config: RoutingConfig, correction_bias: torch.Tensor | None = None):
+    """Apply the router described by ``config`` to ``logits``."""
+    if config.method == "softmax_topk":
+        return softmax_topk(logits, config.top_k, config.renormalize)
+    if config.method == "topk_softmax":
+        return topk_softmax(logits, config.top_k)
+    if config.method == "grouped_topk":
+        return grouped_topk(
+            logits,
+            config.top_k,
+            n_group=config.n_group,
+            topk_group=config.topk_group,
+            correction_bias=correction_bias,
+            scoring=config.scoring,
+            renormalize=config.renormalize,
+            routed_scaling_factor=config.routed_scaling_factor,
+        )
+    if config.method == "sigmoid_top1":
+        if config.top_k != 1:
+            raise InvalidInputError("sigmoid_top1 routes to exactly one expert (top_k=1)")
+        return sigmoid_top1(logits)
+    raise InvalidInputError(
+        f"unknown routing method {config.method!r}; known: softmax_topk, topk_softmax, grouped_topk, sigmoid_top1"
+    )

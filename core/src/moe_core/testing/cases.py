@@ -1,0 +1,319 @@
+"""The conformance cases, as data plus one runner — no pytest needed.
+
+``moe check`` runs these directly; ``moe_core.testing.conformance`` wraps the
+same cases as a pytest base class that a backend's test module subclasses.
+A case is *skipped* when the backend's support check declines it (the reason
+is the check's), *failed* when the backend accepted it and got it wrong, and
+*passed* otherwise. Everything is compared with the float64 oracle
+(``moe_core.reference``) within ``moe_core.tolerances``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from moe_core.config import ACTIVATIONS, MoeConfig, MoeProblem
+from moe_core.errors import BackendError, InvalidInputError
+from moe_core.schemes import SCHEMES
+
+UNQUANTIZED = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+QUANTIZED = ("mxfp4", "nvfp4", "fp8_block")
+#: activation dtypes tried, in order, when a case leaves the dtype to the backend
+DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+
+def _short(dtype: torch.dtype | None) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", None: "any"}[dtype]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance case. ``dtype=None`` means the first dtype the backend accepts."""
+
+    kind: str
+    scheme: str
+    dtype: torch.dtype | None = None
+    activation: str = "silu"
+    bias: bool = False
+    router_weight_on_input: bool = False
+    #: "default", "m0", "m1", "large", "one_expert", "zero_weights"
+    shape: str = "default"
+    #: bad-input variant for kind == "bad_input"
+    bad: str = ""
+
+    @property
+    def id(self) -> str:
+        parts = [self.scheme, _short(self.dtype)]
+        if self.kind in ("reference", "bias"):
+            parts.append(self.activation)
+        if self.shape != "default":
+            parts.append(self.shape)
+        if self.bad:
+            parts.append(self.bad)
+        return "-".join(parts)
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    status: str
+    reason: str = ""
+    error: float | None = None
+    tolerance: float | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.case.kind,
+            "id": self.case.id,
+            "status": self.status,
+            "reason": self.reason,
+            "rel_l2_error": self.error,
+            "tolerance": self.tolerance,
+        }
+
+
+def _dtypes(scheme: str) -> tuple[torch.dtype, ...]:
+    return (UNQUANTIZED[scheme],) if scheme in UNQUANTIZED else DTYPE_PREFERENCE
+
+
+def all_cases() -> list[Case]:
+    """Every case, grouped by kind in a stable order."""
+    cases = []
+    for scheme in SCHEMES:
+        for dtype in _dtypes(scheme):
+            for act in ACTIVATIONS:
+                cases.append(Case("reference", scheme, dtype, activation=act))
+    for scheme in SCHEMES:
+        cases.append(Case("bias", scheme, activation="swiglu_oai", bias=True))
+        cases.append(Case("router_weight_on_input", scheme, router_weight_on_input=True))
+        for shape in ("m0", "m1", "large", "one_expert", "zero_weights"):
+            cases.append(Case("shapes", scheme, shape=shape))
+        cases.append(Case("out_buffer", scheme))
+        cases.append(Case("deterministic", scheme))
+        cases.append(Case("non_contiguous", scheme))
+    for bad in ("dtype", "ids_dtype", "shape", "device", "expert_range", "out_dtype"):
+        cases.append(Case("bad_input", "auto", bad=bad))
+    return cases
+
+
+def cases_of(kind: str) -> list[Case]:
+    return [c for c in all_cases() if c.kind == kind]
+
+
+class _Skip(Exception):
+    pass
+
+
+@dataclass
+class Conformance:
+    """Runs cases against one backend on one device.
+
+    The default shape (E=8, k=2, H=256, I=128) satisfies every scheme's block
+    size and FlashInfer's 128-alignment while staying CPU-sized; "large" uses
+    259 tokens so every tile size up to 256 sees a partial last tile.
+    """
+
+    backend: str
+    device: torch.device | str | None = None
+    num_experts: int = 8
+    top_k: int = 2
+    hidden_size: int = 256
+    intermediate_size: int = 128
+    tokens: int = 16
+    large_tokens: int = 259
+    seed: int = 0
+    registry: object | None = None
+    _ops: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.device is None:
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(self.device)
+
+    # ---- plumbing -----------------------------------------------------------
+    def fused_op(self):
+        """The backend's fused op for a2a 'none' (raises BackendError if unusable)."""
+        if not self._ops:
+            from moe_core.selection import resolve_backend
+
+            result = resolve_backend(self.backend, self.registry)
+            ops = [op for op in result.fused_ops if "none" in op.a2a_backends]
+            if not ops:
+                raise BackendError(f"backend {self.backend!r} serves no fused op for a2a backend 'none'")
+            self._ops.append(ops[0])
+        return self._ops[0]
+
+    def config(self, case: Case, dtype: torch.dtype) -> MoeConfig:
+        return MoeConfig(
+            num_experts=self.num_experts,
+            top_k=1 if case.router_weight_on_input else self.top_k,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            quant_scheme=case.scheme,
+            activation=case.activation,
+            dtype=dtype,
+            has_bias=case.bias,
+            apply_router_weight_on_input=case.router_weight_on_input,
+        )
+
+    def _supported_config(self, case: Case) -> MoeConfig:
+        """The case's config with a dtype the backend accepts, or _Skip with its reason."""
+        op = self.fused_op()
+        dtypes = (case.dtype,) if case.dtype is not None else _dtypes(case.scheme)
+        reasons = []
+        for dtype in dtypes:
+            cfg = self.config(case, dtype)
+            support = op.check(MoeProblem(cfg, self.device))
+            if support:
+                return cfg
+            reasons.append(support.reason)
+        raise _Skip(f"{self.backend} declines: {reasons[0]}")
+
+    def _layer(self, cfg: MoeConfig):
+        from moe_core.runner import MoeRunner
+        from moe_core.synthetic import random_weights
+
+        weights = random_weights(cfg, self.device, seed=self.seed)
+        return weights, MoeRunner(cfg, weights, backend=self.backend, registry=self.registry)
+
+    def _inputs(self, cfg: MoeConfig, shape: str):
+        from moe_core.synthetic import random_inputs
+
+        m = {"m0": 0, "m1": 1, "large": self.large_tokens}.get(shape, self.tokens)
+        x, ids, tw = random_inputs(cfg, m, self.device, seed=self.seed + 1)
+        if shape == "one_expert":  # every token to experts 0..k-1; all other experts get nothing
+            ids = torch.arange(cfg.top_k, dtype=torch.int32, device=self.device).expand(m, -1).contiguous()
+        if shape == "zero_weights":  # half the tokens carry zero routing weight
+            tw = tw.clone()
+            tw[::2] = 0.0
+        return x, ids, tw
+
+    def _compare(self, cfg, weights, x, ids, tw, out) -> tuple[float, float]:
+        from moe_core.reference import reference_for
+        from moe_core.tolerances import relative_l2, tolerance
+
+        if out.shape != (x.shape[0], cfg.hidden_size) or out.dtype != cfg.dtype or out.device != x.device:
+            raise AssertionError(
+                f"output is {list(out.shape)} {out.dtype} on {out.device}, expected "
+                f"[{x.shape[0]}, {cfg.hidden_size}] {cfg.dtype} on {x.device}"
+            )
+        if not bool(torch.isfinite(out).all()):
+            raise AssertionError("output contains NaN or Inf")
+        ref = reference_for(cfg, weights, x, ids, tw)
+        err, tol = relative_l2(out, ref), tolerance(cfg.quant_scheme, cfg.dtype)
+        if err > tol:
+            raise AssertionError(f"relative L2 error {err:.3g} exceeds the {cfg.quant_scheme} tolerance {tol:.3g}")
+        return err, tol
+
+    # ---- cases --------------------------------------------------------------
+    def run(self, case: Case) -> CaseResult:
+        """Run one case; never raises for a backend's failure (it is reported)."""
+        try:
+            err_tol = getattr(self, f"_run_{case.kind}")(case)
+        except _Skip as skip:
+            return CaseResult(case, SKIPPED, str(skip))
+        except BackendError as exc:
+            return CaseResult(case, FAILED, f"{type(exc).__name__}: {exc}")
+        except AssertionError as exc:
+            return CaseResult(case, FAILED, str(exc))
+        except Exception as exc:
+            tb = traceback.format_exc(limit=-3)
+            return CaseResult(case, FAILED, f"{type(exc).__name__}: {exc}\n{tb}")
+        err, tol = err_tol if err_tol else (None, None)
+        return CaseResult(case, PASSED, error=err, tolerance=tol)
+
+    def _run_reference(self, case: Case):
+        cfg = self._supported_config(case)
+        weights, runner = self._layer(cfg)
+        x, ids, tw = self._inputs(cfg, case.shape)
+        return self._compare(cfg, weights, x, ids, tw, runner(x, ids, tw))
+
+    _run_bias = _run_router_weight_on_input = _run_shapes = _run_reference
+
+    def _run_out_buffer(self, case: Case):
+        cfg = self._supported_config(case)
+        weights, runner = self._layer(cfg)
+        x, ids, tw = self._inputs(cfg, "default")
+        out = torch.full((x.shape[0], cfg.hidden_size), float("nan"), dtype=cfg.dtype, device=self.device)
+        got = runner(x, ids, tw, out=out)
+        if got is not out:
+            raise AssertionError("apply(out=buf) did not return buf itself")
+        return self._compare(cfg, weights, x, ids, tw, out)
+
+    def _run_deterministic(self, case: Case):
+        cfg = self._supported_config(case)
+        weights, runner = self._layer(cfg)
+        x, ids, tw = self._inputs(cfg, "large")
+        first, second = runner(x, ids, tw).clone(), runner(x, ids, tw)
+        if not torch.equal(first, second):
+            diff = (first.float() - second.float()).abs().max().item()
+            raise AssertionError(f"two calls on the same input differ (max abs difference {diff:.3g})")
+        return self._compare(cfg, weights, x, ids, tw, second)
+
+    def _run_non_contiguous(self, case: Case):
+        cfg = self._supported_config(case)
+        weights, runner = self._layer(cfg)
+        x, ids, tw = self._inputs(cfg, "default")
+        wide = torch.zeros(x.shape[0], 2 * cfg.hidden_size, dtype=x.dtype, device=x.device)
+        wide[:, 1::2] = x
+        strided_ids = torch.zeros(ids.shape[0], 2 * cfg.top_k, dtype=ids.dtype, device=ids.device)
+        strided_ids[:, ::2] = ids
+        xs, ids_s = wide[:, 1::2], strided_ids[:, ::2]
+        assert not xs.is_contiguous() and not ids_s.is_contiguous()
+        return self._compare(cfg, weights, x, ids, tw, runner(xs, ids_s, tw))
+
+    def _run_bad_input(self, case: Case):
+        op = self.fused_op()
+        for scheme in ("bf16", "fp16", "fp32", *QUANTIZED):
+            try:
+                cfg = self._supported_config(replace(case, scheme=scheme))
+                break
+            except _Skip:
+                continue
+        else:
+            raise _Skip(f"{self.backend} supports none of the schemes on {self.device}")
+        _, runner = self._layer(cfg)
+        x, ids, tw = self._inputs(cfg, "default")
+        out = None
+        if case.bad == "dtype":
+            x = x.to(torch.float64)
+        elif case.bad == "ids_dtype":
+            ids = ids.long()
+        elif case.bad == "shape":
+            ids = ids[:, :1]
+        elif case.bad == "device":
+            other = "meta" if self.device.type != "meta" else "cpu"
+            x = x.to(other)
+        elif case.bad == "out_dtype":
+            out = torch.empty(x.shape[0], cfg.hidden_size, dtype=torch.float64, device=self.device)
+        elif case.bad == "expert_range":
+            if self.device.type == "cuda":
+                raise _Skip(
+                    "out-of-range expert ids on CUDA are caught by a device-side assert, which aborts the "
+                    "process; checked on CPU only"
+                )
+            ids = ids.clone()
+            ids[0, 0] = cfg.num_experts
+        try:
+            result = runner(x, ids, tw, out=out)
+        except InvalidInputError:
+            return None
+        if self.device.type != "meta":
+            torch.cuda.synchronize() if self.device.type == "cuda" else None
+        raise AssertionError(
+            f"bad input '{case.bad}' was accepted by {op.__name__} and returned a "
+            f"{list(result.shape)} tensor instead of raising InvalidInputError"
+        )
+
+
+def summarize(results: list[CaseResult]) -> dict:
+    return {
+        "passed": sum(r.status == PASSED for r in results),
+        "failed": sum(r.status == FAILED for r in results),
+        "skipped": sum(r.status == SKIPPED for r in results),
+    }

@@ -1,0 +1,116 @@
+"""The conformance suite can fail: stand-in backends with planted bugs are caught."""
+
+from __future__ import annotations
+
+import pytest
+from moe_core.testing.cases import FAILED, PASSED, SKIPPED, Case, Conformance, all_cases, summarize
+
+BUGGY = {
+    # gate and up halves swapped: the classic [up; gate] layout mistake
+    "swapped": """
+        def prepare(self, weights):
+            import torch
+            from moe_core.weights import MoeWeights
+            i = self.config.intermediate_size
+            if self.config.scheme.quantized:
+                return weights
+            w13 = torch.cat([weights.w13[:, i:], weights.w13[:, :i]], dim=1)
+            return MoeWeights(w13, weights.w2, weights.b13, weights.b2)
+    """,
+    # declares biases but drops them
+    "nobias": """
+        def prepare(self, weights):
+            from moe_core.weights import MoeWeights
+            return MoeWeights(weights.w13, weights.w2, None, None, weights.w13_scale, weights.w2_scale,
+                              weights.w13_global_scale, weights.w2_global_scale)
+    """,
+    # ignores out= and returns a fresh tensor
+    "noout": """
+        def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
+            return super().apply(hidden_states, topk_ids, topk_weights, prepared, None)
+    """,
+    # adds noise on every call: not deterministic, and wrong
+    "noisy": """
+        def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
+            import torch
+            y = super().apply(hidden_states, topk_ids, topk_weights, prepared, out)
+            return y.add_(torch.randn_like(y) * 1e-3 * y.abs().max().clamp(min=1))
+    """,
+}
+
+
+def buggy_source(name: str, body: str) -> str:
+    import textwrap
+
+    return f"""
+from moe_core import API_VERSION, hookimpl
+from moe_core.backends.torch_backend import TorchFusedOp
+
+class Buggy(TorchFusedOp):
+    name = {name!r}
+{textwrap.indent(textwrap.dedent(body), "    ")}
+
+@hookimpl
+def moe_api_version():
+    return API_VERSION
+
+@hookimpl
+def moe_fused_ops():
+    return [Buggy]
+"""
+
+
+def run_kind(site, name, kinds):
+    site.add(f"moe-{name}", name, source=buggy_source(name, BUGGY[name]))
+    conf = Conformance(name, "cpu", registry=site.registry())
+    return {c.id: conf.run(c) for c in all_cases() if c.kind in kinds}
+
+
+def test_swapped_gate_up_fails_reference(site):
+    results = run_kind(site, "swapped", {"reference"})
+    failed = [r for r in results.values() if r.status == FAILED]
+    assert len(failed) >= 6 and all("relative L2 error" in r.reason for r in failed)
+    # quantized schemes are untouched by this bug and still pass
+    assert results["mxfp4-bf16-silu"].status == PASSED
+
+
+def test_dropped_bias_fails_bias_cases(site):
+    results = run_kind(site, "nobias", {"bias", "reference"})
+    assert {r.status for cid, r in results.items() if r.case.kind == "bias"} == {FAILED}
+    assert {r.status for cid, r in results.items() if r.case.kind == "reference"} == {PASSED}
+
+
+def test_ignored_out_buffer_fails(site):
+    results = run_kind(site, "noout", {"out_buffer"})
+    assert all(r.status == FAILED and "did not return buf" in r.reason for r in results.values())
+
+
+def test_noise_fails_determinism(site):
+    results = run_kind(site, "noisy", {"deterministic"})
+    assert all(r.status == FAILED for r in results.values())
+
+
+def test_undeclared_cases_are_skipped_with_the_check_reason(site):
+    site.add("moe-gpu-only", "gpuonly", device_types=("cuda",))
+    conf = Conformance("gpuonly", "cpu", registry=site.registry())
+    result = conf.run(Case("reference", "bf16", None))
+    assert result.status == SKIPPED and "device type 'cpu' not supported" in result.reason
+
+
+def test_missing_backend_fails_rather_than_skips(site):
+    conf = Conformance("not-installed-anywhere", "cpu", registry=site.registry())
+    result = conf.run(Case("reference", "bf16", None))
+    assert result.status == FAILED and "not installed" in result.reason
+
+
+def test_summary_counts():
+    from moe_core.testing.cases import CaseResult
+
+    c = Case("reference", "bf16")
+    counts = summarize([CaseResult(c, PASSED), CaseResult(c, FAILED), CaseResult(c, SKIPPED), CaseResult(c, PASSED)])
+    assert counts == {"passed": 2, "failed": 1, "skipped": 1}
+
+
+@pytest.mark.parametrize("kind", ["reference", "bias", "shapes", "bad_input"])
+def test_every_kind_has_cases(kind):
+    assert any(c.kind == kind for c in all_cases())

@@ -1,0 +1,96 @@
+"""Routing against hand-computed cases and independent loop formulations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from moe_core.errors import InvalidInputError
+from moe_core.routing import RoutingConfig, grouped_topk, route, sigmoid_top1, softmax_topk, topk_softmax
+
+
+def test_softmax_topk_hand_computed():
+    logits = torch.tensor([[0.0, math.log(3.0), math.log(2.0), math.log(4.0)]])  # probs 1:3:2:4 / 10
+    ids, w = softmax_topk(logits, 2, renormalize=False)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert ids.tolist() == [[3, 1]]
+    torch.testing.assert_close(w, torch.tensor([[0.4, 0.3]]))
+    ids, w = softmax_topk(logits, 2, renormalize=True)
+    torch.testing.assert_close(w, torch.tensor([[4 / 7, 3 / 7]]))
+
+
+def test_mixtral_topk_then_softmax_equals_renormalised_softmax():
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(torch.bfloat16)
+    ids_a, w_a = topk_softmax(logits, 2)
+    ids_b, w_b = softmax_topk(logits, 2, renormalize=True)
+    assert torch.equal(ids_a, ids_b)
+    torch.testing.assert_close(w_a, w_b, rtol=1e-6, atol=1e-7)
+
+
+def _deepseek_loop(logits, bias, k, n_group, topk_group, scale):
+    """Token by token, group by group: an independent formulation."""
+    ids_out, w_out = [], []
+    for row in logits.double():
+        scores = row.sigmoid()
+        choice = scores + bias.double()
+        per = len(row) // n_group
+        group_scores = [sorted(choice[g * per : (g + 1) * per].tolist(), reverse=True)[:2] for g in range(n_group)]
+        group_scores = [sum(s) for s in group_scores]
+        best_groups = sorted(range(n_group), key=lambda g: -group_scores[g])[:topk_group]
+        allowed = [i for g in best_groups for i in range(g * per, (g + 1) * per)]
+        chosen = sorted(allowed, key=lambda i: -float(choice[i]))[:k]
+        w = torch.tensor([float(scores[i]) for i in chosen], dtype=torch.float64)
+        ids_out.append(chosen)
+        w_out.append((w / w.sum() * scale).tolist())
+    return ids_out, w_out
+
+
+def test_deepseek_v3_grouped_topk_matches_loop():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(16, 32, generator=gen)
+    bias = torch.randn(32, generator=gen) * 0.5
+    ids, w = grouped_topk(
+        logits, 4, n_group=8, topk_group=3, correction_bias=bias, routed_scaling_factor=2.5, renormalize=True
+    )
+    ref_ids, ref_w = _deepseek_loop(logits, bias, 4, 8, 3, 2.5)
+    assert ids.tolist() == ref_ids
+    torch.testing.assert_close(w.double(), torch.tensor(ref_w, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+
+
+def test_bias_changes_choice_but_not_weights():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias = torch.tensor([0.0, 0.0, 5.0, 0.0])
+    ids, w = grouped_topk(logits, 1, correction_bias=bias, renormalize=False)
+    assert ids.tolist() == [[2]]  # chosen because of the bias...
+    torch.testing.assert_close(w, torch.tensor([[0.5]]))  # ...weighted by its unbiased score sigmoid(0)
+
+
+def test_group_limit_excludes_experts_outside_best_groups():
+    # group 0 = experts 0..1, group 1 = experts 2..3; expert 0 is the best single expert,
+    # but group 1's two experts together score higher, so with topk_group=1 expert 0 is excluded
+    logits = torch.tensor([[3.0, -5.0, 2.0, 2.0]])
+    ids, _ = grouped_topk(logits, 2, n_group=2, topk_group=1)
+    assert sorted(ids.tolist()[0]) == [2, 3]
+
+
+def test_llama4_sigmoid_top1():
+    logits = torch.tensor([[0.5, -1.0, 2.0]])
+    ids, w = sigmoid_top1(logits)
+    assert ids.tolist() == [[2]]
+    torch.testing.assert_close(w, torch.tensor([[1 / (1 + math.exp(-2.0))]]))
+
+
+def test_route_dispatch_and_errors():
+    logits = torch.randn(3, 8)
+    for method, k in (("softmax_topk", 2), ("topk_softmax", 2), ("grouped_topk", 2), ("sigmoid_top1", 1)):
+        ids, w = route(logits, RoutingConfig(method=method, top_k=k))
+        assert ids.shape == (3, k) and w.shape == (3, k)
+    with pytest.raises(InvalidInputError, match="unknown routing method"):
+        route(logits, RoutingConfig(method="nope"))
+    with pytest.raises(InvalidInputError, match="top_k=9"):
+        softmax_topk(logits, 9)
+    with pytest.raises(InvalidInputError, match="n_group=3 must divide"):
+        grouped_topk(logits, 2, n_group=3)
+    with pytest.raises(InvalidInputError, match="floating point"):
+        softmax_topk(torch.ones(2, 4, dtype=torch.int64), 1)
