@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from moe_core.testing.cases import FAILED, PASSED, SKIPPED, Case, Conformance, all_cases, summarize
 
 BUGGY = {

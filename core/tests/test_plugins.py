@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+
 from moe_core import MoeConfig, MoeProblem, MoeRunner
 from moe_core.errors import (
     BackendDisabledError,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from moe_core.config import MoeConfig
 from moe_core.errors import InvalidInputError
 from moe_core.quant import (

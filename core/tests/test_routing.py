@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from moe_core.errors import InvalidInputError
 from moe_core.routing import RoutingConfig, grouped_topk, route, sigmoid_top1, softmax_topk, topk_softmax
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from moe_core import MoeConfig, MoeRunner, MoeWeights
 from moe_core.errors import InvalidInputError
 from moe_core.reference import reference_for
