@@ -13,8 +13,9 @@ import torch
 
 from moe_core.config import MoeConfig, MoeProblem
 from moe_core.plugins import PluginRegistry
+from moe_core.requirements import env_flag
 from moe_core.selection import select
-from moe_core.validation import validate_forward
+from moe_core.validation import validate_expert_ids, validate_forward
 from moe_core.weights import MoeWeights, validate_weights
 
 
@@ -27,6 +28,12 @@ class MoeRunner:
     ``backend`` is ``"auto"``, a runner backend name (``"triton"``) or a name
     qualified by its distribution (``"moe-triton:triton"``) to choose between
     two distributions that provide the same name.
+
+    ``check_expert_ids`` validates that ``topk_ids`` lie in ``[0, E)`` on every
+    forward (a kernel fed an out-of-range id would read another expert's
+    memory). Default: always on CPU (free); on CUDA only when
+    ``MOE_CHECK_EXPERT_IDS=1``, because it costs two small launches per forward
+    and fires as a device-side assertion.
     """
 
     def __init__(
@@ -36,6 +43,7 @@ class MoeRunner:
         backend: str = "auto",
         *,
         registry: PluginRegistry | None = None,
+        check_expert_ids: bool | None = None,
     ) -> None:
         if not isinstance(config, MoeConfig):
             raise TypeError(f"config must be a MoeConfig, got {type(config).__name__}")
@@ -47,6 +55,9 @@ class MoeRunner:
         self.fused_op = self.selection.op(self.problem)
         self.prepared = self.fused_op.prepare(weights)
         self._apply = self.fused_op.apply
+        if check_expert_ids is None:
+            check_expert_ids = device.type != "cuda" or env_flag("MOE_CHECK_EXPERT_IDS")
+        self.check_expert_ids = check_expert_ids
 
     @property
     def backend(self) -> str:
@@ -70,6 +81,8 @@ class MoeRunner:
         produced by ``moe_core.routing``. Writes into ``out`` when given.
         """
         validate_forward(self.config, self.device, hidden_states, topk_ids, topk_weights, out)
+        if self.check_expert_ids:
+            validate_expert_ids(topk_ids, self.config.num_experts)
         return self._apply(hidden_states, topk_ids, topk_weights, self.prepared, out)
 
     forward = __call__

@@ -59,3 +59,22 @@ def validate_forward(
             raise InvalidInputError("out must be contiguous")
         if out.data_ptr() == hidden_states.data_ptr() and m > 0:
             raise InvalidInputError("out must not alias hidden_states")
+
+
+def validate_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Expert ids must lie in ``[0, num_experts)``.
+
+    This reads values, so it is not free: on CPU it raises ``InvalidInputError``;
+    on CUDA it queues a device-side assertion (``torch._assert_async``) that
+    does not synchronise and can be captured in a CUDA graph, but aborts the
+    process when it fires.
+    """
+    if topk_ids.numel() == 0:
+        return
+    lo, hi = topk_ids.aminmax()
+    if topk_ids.device.type == "cuda":
+        torch._assert_async((lo >= 0) & (hi < num_experts), f"topk_ids must lie in [0, {num_experts})")
+        return
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= num_experts:
+        raise InvalidInputError(f"topk_ids must lie in [0, {num_experts}), found values in [{lo}, {hi}]")
