@@ -1,0 +1,101 @@
+"""The ``triton`` runner backend: declared capabilities, support check, binding.
+
+Importing this module does not import triton (the plugin entry point must stay
+cheap); kernels load when a runner binds (``__init__``). On a CPU the backend
+runs only under Triton's interpreter (``TRITON_INTERPRET=1``), slowly, for
+tests: there numpy has no bfloat16, so bf16 is refused with that reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core import FusedOp, MoeWeights, Support
+from moe_core.requirements import env_flag, require_distribution
+
+TRITON_SPEC = ">=3.3"
+
+
+def interpreter_enabled() -> bool:
+    return env_flag("TRITON_INTERPRET")
+
+
+class TritonFusedOp(FusedOp):
+    name = "triton"
+    a2a_backends = ("none",)
+    priority = 50
+    quant_schemes = frozenset({"fp32", "bf16", "fp16", "fp8_block", "mxfp4"})
+    activations = frozenset({"silu", "gelu", "swiglu_oai"})
+    activation_dtypes = frozenset({torch.bfloat16, torch.float16, torch.float32})
+    device_types = frozenset({"cuda", "cpu"})
+    supports_bias = True
+    supports_router_weight_on_input = True
+
+    @classmethod
+    def _device_present(cls) -> Support:
+        if torch.cuda.is_available():
+            return Support.yes()
+        if interpreter_enabled():
+            return Support.yes()
+        return Support.no(
+            "no CUDA device is available (set TRITON_INTERPRET=1 to run on the CPU with Triton's "
+            "interpreter: slow, fp32/fp16 only, for tests)"
+        )
+
+    @classmethod
+    def probe(cls, problem) -> Support:
+        found = require_distribution("triton", TRITON_SPEC, why="the triton backend's kernels")
+        if not found:
+            return found
+        if problem is None:
+            return Support.yes()
+        cfg, device = problem.config, problem.device
+        if device.type == "cpu":
+            if not interpreter_enabled():
+                return Support.no("CPU tensors need TRITON_INTERPRET=1 (Triton's interpreter; slow, for tests)")
+            if cfg.dtype == torch.bfloat16:
+                return Support.no(
+                    "the Triton CPU interpreter cannot run bf16 tl.dot (numpy has no bfloat16); "
+                    "use fp16/fp32 on the CPU, bf16 on CUDA"
+                )
+            if cfg.quant_scheme == "fp8_block":
+                return Support.no(
+                    "the Triton CPU interpreter's fp8 tl.dot is inexact (about 5% relative error on a 16x16 "
+                    "product, measured with triton 3.9); fp8_block runs on CUDA (SM89+)"
+                )
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
+            if (major, minor) < (8, 0):
+                return Support.no(f"compute capability SM{major}{minor} is too old (needs SM80+)")
+            if cfg.quant_scheme == "fp8_block" and (major, minor) < (8, 9):
+                return Support.no(f"fp8_block needs fp8 tensor cores (SM89+), this GPU is SM{major}{minor}")
+        return Support.yes()
+
+    def __init__(self, problem) -> None:
+        super().__init__(problem)
+        from moe_triton import launch  # imports triton and compiles nothing yet
+
+        self._fused_moe = launch.fused_moe
+
+    def prepare(self, weights: MoeWeights) -> MoeWeights:
+        # Kernels read the canonical layout directly (strides are passed), so
+        # preparing is making every tensor contiguous once.
+        return MoeWeights(**{k: v.contiguous() for k, v in weights.tensors().items()})
+
+    def apply(self, hidden_states, topk_ids, topk_weights, prepared: MoeWeights, out=None):
+        cfg = self.config
+        if out is None:
+            out = torch.empty(hidden_states.shape[0], cfg.hidden_size, dtype=cfg.dtype, device=hidden_states.device)
+        self._fused_moe(
+            hidden_states, topk_ids, topk_weights, prepared.w13, prepared.w2, prepared.w13_scale,
+            prepared.w2_scale, prepared.b13, prepared.b2, out, cfg.quant_scheme, cfg.activation,
+            cfg.swiglu_alpha, cfg.swiglu_limit, cfg.apply_router_weight_on_input,
+        )  # fmt: skip
+        return out
+
+    @classmethod
+    def tune(cls, presets, scheme, tokens, output=None, device="cuda"):
+        """``moe tune triton``: time candidate tiles on this GPU, write the table (see ``moe_triton.tune``)."""
+        from moe_triton.tune import tune_presets
+
+        return tune_presets(presets, scheme, tokens, output, device)

@@ -1,0 +1,1 @@
+"""Triton kernels of the fused MoE forward (imported only when a runner binds)."""

@@ -1,0 +1,107 @@
+"""Token alignment: the expert-sorted, block-padded index the GEMMs walk.
+
+Two launches, no host synchronisation (so a forward can be captured in a CUDA
+graph), sizes bounded statically: at most ``min(E, M*k) + ceil(M*k / BLOCK_M)``
+blocks are used (each non-empty expert wastes less than one block), so a
+decode step launches a handful of programs, not one per possible expert.
+
+1. ``_plan`` (one program): histogram of expert ids, padded segment offsets
+   (each expert's pairs padded to a multiple of BLOCK_M), the number of used
+   padded rows, the expert of every block, the padding sentinel everywhere,
+   and zeroed per-expert cursors.
+2. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
+   claims the next row of its expert's segment with an atomic increment.
+
+Rows of one expert land in an arbitrary order, which changes nothing in the
+result: every GEMM row is computed independently of the other rows of its
+tile, and the second GEMM writes each pair to its own (token, slot) place.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _plan(
+    ids_ptr,
+    offsets_ptr,  # [E + 1] int32: start row of each expert's padded segment, then the total
+    cursor_ptr,  # [E] int32: zeroed here, used by _scatter
+    block_expert_ptr,  # [max_blocks] int32: expert of each BLOCK_M block (E for unused blocks)
+    sorted_ptr,  # [max_rows] int32: filled with the sentinel num_pairs
+    num_pairs,
+    max_rows,
+    max_blocks,
+    E: tl.constexpr,
+    E_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros((E_POW2,), dtype=tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        # pairs past the end go to bin E_POW2-1 >= E, which no real expert uses
+        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E_POW2 - 1)
+        counts += tl.histogram(ids, E_POW2)
+    padded = tl.where(experts < E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    tl.store(offsets_ptr + experts, starts, mask=experts < E)
+    total = tl.sum(padded, 0)
+    tl.store(offsets_ptr + E, total)
+    tl.store(cursor_ptr + experts, tl.zeros((E_POW2,), dtype=tl.int32), mask=experts < E)
+    # expert of each block: the number of segment ends at or before the block start
+    for start in range(0, max_blocks, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        row = blocks * BLOCK_M
+        owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), 1)
+        owner = tl.where(row < total, owner, E)
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < max_blocks)
+    for start in range(0, max_rows, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + rows, tl.full((CHUNK,), 0, tl.int32) + num_pairs, mask=rows < max_rows)
+
+
+@triton.jit
+def _scatter(ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr):
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < num_pairs
+    ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+    slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
+    start = tl.load(offsets_ptr + ids, mask=mask, other=0)
+    tl.store(sorted_ptr + start + slot, offs, mask=mask)
+
+
+def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Static upper bound of the BLOCK_M blocks in use (see the module docstring)."""
+    return min(num_experts, num_pairs) + triton.cdiv(num_pairs, block_m)
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(sorted pair ids [max_rows], block experts [max_blocks], offsets [E+1]).
+
+    ``offsets[E]`` (on the device) is the number of padded rows in use; blocks
+    past it have expert ``E`` and rows past it hold the sentinel ``M*k``.
+    """
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous() or ids.dtype != torch.int32:
+        ids = ids.to(torch.int32).contiguous()
+    num_pairs = ids.numel()
+    n_blocks = max_blocks(num_pairs, num_experts, block_m)
+    max_rows = n_blocks * block_m
+    device = ids.device
+    sorted_ids = torch.empty(max_rows, dtype=torch.int32, device=device)
+    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    e_pow2 = triton.next_power_of_2(num_experts + 1)
+    _plan[(1,)](
+        ids, offsets, cursor, block_expert, sorted_ids, num_pairs, max_rows, n_blocks,
+        E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=256 if e_pow2 <= 256 else 64, num_warps=4,
+    )  # fmt: skip
+    chunk = 256
+    _scatter[(triton.cdiv(num_pairs, chunk),)](ids, offsets, cursor, sorted_ids, num_pairs, CHUNK=chunk, num_warps=4)
+    return sorted_ids, block_expert, offsets

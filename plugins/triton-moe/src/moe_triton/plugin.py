@@ -1,0 +1,22 @@
+"""Entry point of the ``triton`` backend (group ``moe.fused_ops``).
+
+Importing this module imports neither triton nor the kernels: discovery and
+``moe backends`` stay cheap, and the support check reads triton's version
+from metadata.
+"""
+
+from __future__ import annotations
+
+from moe_core import API_VERSION, hookimpl
+
+
+@hookimpl
+def moe_api_version() -> int:
+    return API_VERSION
+
+
+@hookimpl
+def moe_fused_ops() -> list:
+    from moe_triton.fused_op import TritonFusedOp
+
+    return [TritonFusedOp]

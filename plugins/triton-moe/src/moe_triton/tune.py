@@ -1,0 +1,155 @@
+"""Measure candidate tile configurations on this GPU and write a tuned table.
+
+For each (layer shape, scheme, token count) the two GEMMs are tuned
+separately (they share only BLOCK_M, which the alignment pads to): for every
+candidate BLOCK_M the alignment runs once, then each GEMM's candidates are
+timed as CUDA-graph replays (``triton.testing.do_bench_cudagraph``) and the
+fastest kept. Candidate lists are short and regime-specific (decode, medium,
+large rows per expert) so a preset tunes in minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+from moe_triton.configs import GemmConfig, KernelConfig, device_slug, min_block_k, table_key
+
+# (block_n, block_k, num_warps, num_stages)
+_DECODE = [
+    (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 64, 4, 5), (128, 128, 4, 4),
+    (128, 64, 4, 4), (32, 64, 2, 5), (64, 128, 8, 4), (128, 128, 8, 3), (256, 64, 4, 4), (256, 128, 8, 3),
+]  # fmt: skip
+_MEDIUM = [
+    (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3), (256, 64, 8, 3),
+    (64, 64, 4, 3), (128, 128, 4, 3),
+]  # fmt: skip
+_LARGE = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
+
+
+def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[GemmConfig]]]:
+    """(block_m, gemm candidates) pairs for this regime and scheme."""
+    if rows_per_expert <= 16:
+        plan = [(16, _DECODE)]
+    elif rows_per_expert <= 96:
+        plan = [(32, _MEDIUM), (64, _MEDIUM)]
+    else:
+        plan = [(64, _LARGE), (128, _LARGE)]
+    kmin = min_block_k(scheme)
+    out = []
+    for block_m, shapes in plan:
+        gemms, seen = [], set()
+        for bn, bk, w, s in shapes:
+            bk = 128 if scheme == "fp8_block" else max(bk, kmin)
+            key = (bn, bk, w, s)
+            if key not in seen:
+                seen.add(key)
+                gemms.append(GemmConfig(bn, bk, 8 if block_m >= 64 else 1, w, s))
+        out.append((block_m, gemms))
+    return out
+
+
+def _bench(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
+
+
+def tune_shape(config, weights, tokens: list[int], device, log=print) -> dict[int, KernelConfig]:
+    """Best KernelConfig per token count for one layer (MoeConfig + prepared weights)."""
+    from moe_core.synthetic import random_inputs
+    from moe_triton import launch
+    from moe_triton.kernels import align as align_mod
+
+    scheme, e, h, i, k = (config.quant_scheme, config.num_experts, config.hidden_size,
+                          config.intermediate_size, config.top_k)  # fmt: skip
+    result = {}
+    for m in tokens:
+        x, ids, tw = random_inputs(config, m, device)
+        tw = tw.reshape(-1).contiguous()
+        best_total, best = float("inf"), None
+        for block_m, gemms in candidates(scheme, m * k / e):
+            sorted_ids, block_expert, offsets = align_mod.align(ids, e, block_m)
+            num_m = block_expert.numel()
+            inter = torch.empty(num_m * block_m, i, dtype=x.dtype, device=device)
+            y = torch.empty(m * k, h, dtype=x.dtype, device=device)
+
+            run1 = functools.partial(
+                launch.launch_gemm1, x, weights.w13, weights.w13_scale, weights.b13, tw, sorted_ids, block_expert,
+                offsets, inter, scheme, config.activation, config.swiglu_alpha, config.swiglu_limit,
+                config.apply_router_weight_on_input, k, block_m,
+            )  # fmt: skip
+            run2 = functools.partial(
+                launch.launch_gemm2, inter, weights.w2, weights.w2_scale, weights.b2, tw, sorted_ids, block_expert,
+                offsets, y, scheme, config.apply_router_weight_on_input, k, block_m,
+            )  # fmt: skip
+            t1 = {c: _safe(_bench, functools.partial(run1, c)) for c in gemms}
+            c1 = min(t1, key=t1.get)
+            t2 = {c: _safe(_bench, functools.partial(run2, c, by_token=False)) for c in gemms}
+            c2 = min(t2, key=t2.get)
+            total = t1[c1] + t2[c2]
+            log(f"  M={m} BLOCK_M={block_m}: gemm1 {t1[c1] * 1e3:.1f} us {c1}, gemm2 {t2[c2] * 1e3:.1f} us {c2}")
+            if total < best_total:
+                best_total, best = total, KernelConfig(block_m, c1, c2)
+        result[m] = best
+    return result
+
+
+def _safe(bench, fn) -> float:
+    try:
+        return bench(fn)
+    except Exception as exc:  # a candidate that does not compile or fit is just not chosen
+        if "out of resource" in str(exc) or "OutOfResources" in type(exc).__name__:
+            return float("inf")
+        raise
+
+
+def write_table(path: Path, device, entries: dict[str, dict[int, KernelConfig]]) -> Path:
+    """Merge ``entries`` into the table file at ``path`` (created if missing)."""
+    path = Path(path)
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table.setdefault("device", torch.cuda.get_device_name(device))
+    table["triton"] = triton.__version__
+    table["torch"] = torch.__version__
+    table["updated"] = time.strftime("%Y-%m-%d")
+    table.setdefault("entries", {})
+    for key, per_m in entries.items():
+        table["entries"][key] = {str(m): c.as_dict() for m, c in sorted(per_m.items())}
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def default_table_path(device) -> Path:
+    return Path(__file__).parent / "configs" / f"{device_slug(torch.device(device))}.json"
+
+
+def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, device="cuda", log=print) -> Path:
+    """Tune each preset at each token count; merge into ``output`` (default: the packaged table)."""
+    from moe_core import MoeConfig
+    from moe_core.presets import PRESETS
+    from moe_core.synthetic import random_weights
+
+    device = torch.device(device)
+    dtype = (
+        torch.bfloat16
+        if scheme in ("bf16", "mxfp4", "fp8_block")
+        else {"fp16": torch.float16}.get(scheme, torch.float32)
+    )
+    entries = {}
+    for name in presets:
+        p = PRESETS[name]
+        cfg = MoeConfig(p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, quant_scheme=scheme,
+                        activation=p.activation, has_bias=p.has_bias, dtype=dtype)  # fmt: skip
+        weights = random_weights(cfg, device)
+        log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device)}")
+        t0 = time.time()
+        entries[table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)] = tune_shape(
+            cfg, weights, tokens, device, log
+        )
+        log(f"  {name}: {time.time() - t0:.0f} s")
+        del weights
+        torch.cuda.empty_cache()
+    return write_table(output or default_table_path(device), device, entries)

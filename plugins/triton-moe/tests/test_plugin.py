@@ -1,0 +1,122 @@
+"""Discovery, support reasons, alignment and configs of the triton plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from moe_core import MoeConfig, MoeProblem
+from moe_core.selection import resolve_backend
+
+
+def _python(code: str, **env) -> str:
+    full = {**os.environ, **env}
+    for k, v in env.items():
+        if v is None:
+            full.pop(k)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_discovery_and_plugin_import_do_not_import_triton():
+    out = _python(
+        "import io, json, sys, contextlib\n"
+        "from moe_core.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        "    main(['backends', '--json'])\n"
+        "import moe_triton.plugin, moe_triton.fused_op\n"
+        "rows = {r['name']: r for r in json.loads(buf.getvalue())}\n"
+        "print(json.dumps([rows['triton']['distribution'], 'triton' in sys.modules]))\n"
+    )
+    assert json.loads(out) == ["moe-triton", False]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only reasons")
+def test_cpu_reasons():
+    out = _python(
+        "import json\n"
+        "from moe_core.plugins import default_registry\n"
+        "print(json.dumps({r.name: [r.status, r.reason] for r in default_registry().describe(check=True)}))\n",
+        TRITON_INTERPRET=None,
+    )
+    status, reason = json.loads(out)["triton"]
+    assert status == "unavailable" and "TRITON_INTERPRET=1" in reason
+    op = resolve_backend("triton").fused_ops[0]
+    bf16 = MoeConfig(8, 2, 64, 64, quant_scheme="bf16", dtype=torch.bfloat16)
+    assert "numpy has no bfloat16" in op.check(MoeProblem(bf16, "cpu")).reason
+    fp8 = MoeConfig(8, 2, 128, 128, quant_scheme="fp8_block", dtype=torch.float16)
+    assert "fp8 tl.dot is inexact" in op.check(MoeProblem(fp8, "cpu")).reason
+    nv = MoeConfig(8, 2, 64, 64, quant_scheme="nvfp4", dtype=torch.float16)
+    assert "'nvfp4' not supported" in op.check(MoeProblem(nv, "cpu")).reason
+
+
+@pytest.mark.parametrize(
+    "num_experts,top_k,m,block_m", [(8, 2, 1, 16), (8, 2, 37, 16), (16, 4, 100, 32), (5, 1, 9, 64)]
+)
+def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, m, block_m):
+    from moe_triton.kernels.align import align, max_blocks
+
+    gen = torch.Generator().manual_seed(m)
+    ids = torch.randint(0, num_experts, (m, top_k), generator=gen, dtype=torch.int32)
+    ids[0, :] = 0  # at least one expert with several pairs, some experts empty
+    sorted_ids, block_expert, offsets = align(ids, num_experts, block_m)
+    flat = ids.reshape(-1).tolist()
+    counts = [flat.count(e) for e in range(num_experts)]
+    padded = [-(-c // block_m) * block_m for c in counts]
+    starts = [sum(padded[:e]) for e in range(num_experts)]
+    total = sum(padded)
+    assert offsets.tolist() == [*starts, total]
+    assert block_expert.numel() == max_blocks(m * top_k, num_experts, block_m) >= total // block_m
+    for e in range(num_experts):
+        seg = sorted_ids[starts[e] : starts[e] + padded[e]].tolist()
+        real = sorted(p for p in seg if p < m * top_k)
+        assert real == sorted(i for i, x in enumerate(flat) if x == e)
+        assert seg.count(m * top_k) == padded[e] - counts[e]
+        for b in range(starts[e] // block_m, (starts[e] + padded[e]) // block_m):
+            assert block_expert[b].item() == e
+    assert all(x == m * top_k for x in sorted_ids[total:].tolist())
+    assert all(x == num_experts for x in block_expert[total // block_m :].tolist())
+
+
+def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
+    from moe_triton import configs
+
+    fp8 = configs.heuristic_config("fp8_block", 256, 7168, 256, 8, 1)
+    assert fp8.gemm1.block_k == 128 and fp8.gemm2.block_k == 128
+    assert configs.heuristic_config("mxfp4", 128, 2880, 2880, 4, 4096).gemm1.block_k % 32 == 0
+    assert configs.heuristic_config("bf16", 8, 4096, 14336, 2, 1).block_m == 16
+    assert configs.heuristic_config("bf16", 8, 4096, 14336, 2, 4096).block_m == 128
+    key = configs.table_key("bf16", 8, 64, 32, 2)
+    small = configs.KernelConfig(16, configs.GemmConfig(32, 32, 1, 2, 2), configs.GemmConfig(64, 32, 1, 4, 2))
+    large = configs.KernelConfig(64, configs.GemmConfig(128, 64, 8, 8, 3), configs.GemmConfig(128, 64, 8, 8, 4))
+    (tmp_path / "cpu.json").write_text(json.dumps({"entries": {key: {"1": small.as_dict(), "512": large.as_dict()}}}))
+    entry = configs.tuned_entry("cpu", key, str(tmp_path))
+    assert entry == {1: small, 512: large}
+    monkeypatch.setattr(configs, "_load_table", lambda slug, d=None: json.loads((tmp_path / "cpu.json").read_text()))
+    configs._select.cache_clear()
+    assert configs.select_config("bf16", 8, 64, 32, 2, 3, "cpu") == small
+    assert configs.select_config("bf16", 8, 64, 32, 2, 400, "cpu") == large
+    configs._select.cache_clear()
+
+
+def test_custom_op_opcheck():
+    from moe_core.synthetic import random_inputs, random_weights
+    from moe_triton import launch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    cfg = MoeConfig(4, 2, 64, 32, quant_scheme={torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype], dtype=dtype)
+    w = random_weights(cfg, device)
+    x, ids, tw = random_inputs(cfg, 5, device)
+    out = torch.empty(5, 64, dtype=dtype, device=device)
+    args = (x, ids, tw, w.w13, w.w2, None, None, None, None, out, cfg.quant_scheme, "silu", 1.702, 7.0, False)
+    torch.library.opcheck(
+        launch.fused_moe, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )

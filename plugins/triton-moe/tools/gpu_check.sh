@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for moe-triton on the lent H200 (torch 2.11+cu130, triton 3.6, no network):
+#   install core + plugin, GPU tests (conformance on CUDA, CUDA graph, torch.compile),
+#   `moe check triton`, `moe bench` (triton, optionally torch), optional tuning.
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [bench] [bench-torch] [tune SCHEME PRESET...]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation -e core -e plugins/triton-moe 2>&1 | tail -2
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+moe() { python3 -m moe_core.cli "$@"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    tests)
+      python3 -m pytest plugins/triton-moe/tests -q -x -rs 2>&1 | tail -15 | tee "$OUT/pytest-triton.txt"
+      moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
+      python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+      shift ;;
+    bench)
+      moe bench --backend triton --output "$OUT/bench-triton-bf16.json" | tail -25
+      moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 --output "$OUT/bench-triton-fp8.json" | tail -8
+      moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --output "$OUT/bench-triton-mxfp4.json" | tail -8
+      shift ;;
+    bench-torch)
+      moe bench --backend triton --backend torch --output "$OUT/bench-triton-torch-bf16.json" --plot "$OUT/bench-bf16.png" | tail -45
+      shift ;;
+    tune)
+      scheme=$2; shift 2; presets=()
+      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != bench* && "$1" != tune ]]; do presets+=(--preset "$1"); shift; done
+      moe tune triton --scheme "$scheme" "${presets[@]}" 2>&1 | tail -60
+      cp plugins/triton-moe/src/moe_triton/configs/*.json "$OUT/" 2>/dev/null ;;
+    *) echo "unknown step $1"; exit 2 ;;
+  esac
+done
