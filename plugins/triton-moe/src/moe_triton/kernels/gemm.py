@@ -26,8 +26,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FLOAT, FP8_BLOCK, MXFP4 = 0, 1, 2
-SILU, GELU, SWIGLU_OAI = 0, 1, 2
+FLOAT = tl.constexpr(0)
+FP8_BLOCK = tl.constexpr(1)
+MXFP4 = tl.constexpr(2)
+SILU = tl.constexpr(0)
+GELU = tl.constexpr(1)
+SWIGLU_OAI = tl.constexpr(2)
 
 
 @triton.jit
@@ -92,16 +96,21 @@ def _load_b(
         sb = tl.load(s_ptr + expert * stride_se + n[None, :] * stride_sn + kg[:, None] * stride_sk, mask=smask, other=0)
         scale = _ue8m0_to_f32(sb)
         scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // 32, 32, n.shape[0])), (BLOCK_K, n.shape[0]))
-        return (w * scale).to(OUT_DTYPE), 0.0
-    kk = k0 + tl.arange(0, BLOCK_K)
-    mask = n_ok[None, :] & (kk[:, None] < K)
-    b = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0)
-    if SCHEME == FP8_BLOCK:
-        col_scale = tl.load(
-            s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
+        tile = (w * scale).to(OUT_DTYPE)
+        col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        mask = n_ok[None, :] & (kk[:, None] < K)
+        tile = tl.load(
+            w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0
         )
-        return b, col_scale
-    return b, 0.0
+        if SCHEME == FP8_BLOCK:
+            col_scale = tl.load(
+                s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
+            )
+        else:
+            col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
+    return tile, col_scale
 
 
 @triton.jit
