@@ -46,6 +46,7 @@ def test_cuda_graph_replay_matches_eager(scheme, activation, bias):
     # new routing written into the captured buffers is honoured by the replay
     ids.copy_(torch.flip(ids, dims=[0]))
     x.copy_(torch.flip(x, dims=[0]))
+    tw.copy_(torch.flip(tw, dims=[0]))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, torch.flip(eager, dims=[0]))

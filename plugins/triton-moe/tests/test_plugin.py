@@ -58,7 +58,7 @@ def test_cpu_reasons():
 
 
 @pytest.mark.parametrize(
-    "num_experts,top_k,m,block_m", [(8, 2, 1, 16), (8, 2, 37, 16), (16, 4, 100, 32), (5, 1, 9, 64)]
+    "num_experts,top_k,m,block_m", [(8, 2, 1, 16), (8, 2, 37, 16), (16, 4, 100, 32), (5, 1, 9, 64), (16, 4, 600, 64)]
 )
 def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, m, block_m):
     from moe_triton.kernels.align import align, max_blocks

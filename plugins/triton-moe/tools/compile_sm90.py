@@ -83,6 +83,27 @@ cp = dict(E=256, E_POW2=512, BLOCK_M=16, CHUNK=64)
 src = ASTSource(align._plan, sig_of(align._plan, lambda n: "*i32" if n.endswith("_ptr") else "i32", cp), cp)
 triton.compile(src, target=target, options={"num_warps": 4})
 ok += 1
+src = ASTSource(
+    align._plan_and_scatter, sig_of(align._plan_and_scatter, lambda n: "*i32" if n.endswith("_ptr") else "i32", cp), cp
+)
+triton.compile(src, target=target, options={"num_warps": 4})
+ok += 1
+for dt in ("fp16", "fp32"):
+    c1 = dict(
+        TOP_K=4,
+        SCHEME=2,
+        ACTIVATION=2,
+        HAS_BIAS=True,
+        ROUTER_ON_INPUT=False,
+        PRECISION="ieee",
+        BLOCK_M=16,
+        BLOCK_N=64,
+        BLOCK_K=128,
+        GROUP_M=8,
+    )
+    src = ASTSource(gemm._gemm1, sig_of(gemm._gemm1, gemm_types(dt, "u8", "u8"), c1), c1)
+    triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3})
+    ok += 1
 cs = dict(CHUNK=256)
 src = ASTSource(align._scatter, sig_of(align._scatter, lambda n: "*i32" if n.endswith("_ptr") else "i32", cs), cs)
 triton.compile(src, target=target, options={"num_warps": 4})

@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     tune)
       scheme=$2; shift 2; presets=()
       while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != bench* && "$1" != tune ]]; do presets+=(--preset "$1"); shift; done
-      moe tune triton --scheme "$scheme" "${presets[@]}" 2>&1 | tail -60
+      timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" 2>&1 | tail -60
       cp plugins/triton-moe/src/moe_triton/configs/*.json "$OUT/" 2>/dev/null ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac

@@ -22,7 +22,7 @@ from moe_triton.configs import GemmConfig, KernelConfig, device_slug, min_block_
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
-    (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 64, 4, 5), (128, 128, 4, 4),
+    (16, 256, 4, 4), (16, 128, 4, 5), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 64, 4, 5), (128, 128, 4, 4),
     (128, 64, 4, 4), (32, 64, 2, 5), (64, 128, 8, 4), (128, 128, 8, 3), (256, 64, 4, 4), (256, 128, 8, 3),
 ]  # fmt: skip
 _MEDIUM = [
@@ -138,7 +138,7 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
         if scheme in ("bf16", "mxfp4", "fp8_block")
         else {"fp16": torch.float16}.get(scheme, torch.float32)
     )
-    entries = {}
+    path = output or default_table_path(device)
     for name in presets:
         p = PRESETS[name]
         cfg = MoeConfig(p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, quant_scheme=scheme,
@@ -146,10 +146,10 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
         weights = random_weights(cfg, device)
         log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device)}")
         t0 = time.time()
-        entries[table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)] = tune_shape(
-            cfg, weights, tokens, device, log
-        )
-        log(f"  {name}: {time.time() - t0:.0f} s")
+        key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
+        # written after every preset, so an interrupted run keeps what it measured
+        write_table(path, device, {key: tune_shape(cfg, weights, tokens, device, log)})
+        log(f"  {name}: {time.time() - t0:.0f} s -> {path}")
         del weights
         torch.cuda.empty_cache()
-    return write_table(output or default_table_path(device), device, entries)
+    return path

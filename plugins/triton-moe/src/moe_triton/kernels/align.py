@@ -66,6 +66,24 @@ def _plan(
 
 
 @triton.jit
+def _plan_and_scatter(
+    ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, num_pairs, max_rows, max_blocks,
+    E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Both steps in one program, for small batches (decode): one launch instead of two."""
+    _plan(ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, num_pairs, max_rows, max_blocks,
+          E, E_POW2, BLOCK_M, CHUNK)  # fmt: skip
+    tl.debug_barrier()  # the plan's global writes are visible to every thread of this program
+    for start in range(0, num_pairs, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        mask = offs < num_pairs
+        ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+        slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
+        first = tl.load(offsets_ptr + ids, mask=mask, other=0)
+        tl.store(sorted_ptr + first + slot, offs, mask=mask)
+
+
+@triton.jit
 def _scatter(ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr):
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     mask = offs < num_pairs
@@ -73,6 +91,10 @@ def _scatter(ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.
     slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
     start = tl.load(offsets_ptr + ids, mask=mask, other=0)
     tl.store(sorted_ptr + start + slot, offs, mask=mask)
+
+
+#: up to this many (token, slot) pairs the alignment runs as one single-program launch
+SINGLE_PROGRAM_PAIRS = 2048
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -98,10 +120,11 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
     e_pow2 = triton.next_power_of_2(num_experts + 1)
-    _plan[(1,)](
-        ids, offsets, cursor, block_expert, sorted_ids, num_pairs, max_rows, n_blocks,
-        E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=256 if e_pow2 <= 256 else 64, num_warps=4,
-    )  # fmt: skip
-    chunk = 256
-    _scatter[(triton.cdiv(num_pairs, chunk),)](ids, offsets, cursor, sorted_ids, num_pairs, CHUNK=chunk, num_warps=4)
+    chunk = 256 if e_pow2 <= 256 else 64
+    args = (ids, offsets, cursor, block_expert, sorted_ids, num_pairs, max_rows, n_blocks)
+    if num_pairs <= SINGLE_PROGRAM_PAIRS:
+        _plan_and_scatter[(1,)](*args, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=chunk, num_warps=4)
+        return sorted_ids, block_expert, offsets
+    _plan[(1,)](*args, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=chunk, num_warps=4)
+    _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, CHUNK=256, num_warps=4)
     return sorted_ids, block_expert, offsets
