@@ -2,7 +2,7 @@
 # One device call for moe-triton on the lent H200 (torch 2.11+cu130, triton 3.6, no network):
 #   install core + plugin, GPU tests (conformance on CUDA, CUDA graph, torch.compile),
 #   `moe check triton`, `moe bench` (triton, optionally torch), optional tuning.
-# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [bench] [bench-torch] [tune SCHEME PRESET...]
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [bench] [bench-quant] [bench-torch] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +18,10 @@ while [ $# -gt 0 ]; do
       shift ;;
     bench)
       moe bench --backend triton --output "$OUT/bench-triton-bf16.json" | tail -25
+      moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 --output "$OUT/bench-triton-fp8.json" | tail -8
+      moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --output "$OUT/bench-triton-mxfp4.json" | tail -8
+      shift ;;
+    bench-quant)
       moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 --output "$OUT/bench-triton-fp8.json" | tail -8
       moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --output "$OUT/bench-triton-mxfp4.json" | tail -8
       shift ;;

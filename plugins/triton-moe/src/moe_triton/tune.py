@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import triton
 
-from moe_triton.configs import GemmConfig, KernelConfig, device_slug, min_block_k, table_key
+from moe_triton.configs import GemmConfig, KernelConfig, device_slug, heuristic_config, min_block_k, table_key
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
@@ -44,6 +44,9 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
     kmin = min_block_k(scheme)
     out = []
     for block_m, shapes in plan:
+        # the heuristic default always competes, so tuning can only improve on it
+        h = heuristic_config(scheme, 1, 1, 1, 1, block_m).gemm1
+        shapes = [(h.block_n, h.block_k, h.num_warps, h.num_stages), *shapes]
         gemms, seen = [], set()
         for bn, bk, w, s in shapes:
             bk = 128 if scheme == "fp8_block" else max(bk, kmin)

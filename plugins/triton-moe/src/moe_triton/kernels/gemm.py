@@ -73,69 +73,43 @@ def _quant_fp8_rows(a):
 
 
 @triton.jit
-def _e2m1_to(code, DTYPE: tl.constexpr):
-    """E2M1 codes (0..15) to DTYPE by building the bit pattern (no table, no float math).
-
-    Magnitude m = code & 7 encodes 0, .5, 1, 1.5, 2, 3, 4, 6: for m >= 2 the
-    exponent is (m >> 1) - 1 and the mantissa's top bit is m & 1, so the bits are
-    (m + 2*(bias - 1)) << (mantissa_bits - 1); 0.5 (m == 1) is the one subnormal.
-    """
-    c = code.to(tl.int32)
-    mag = c & 7
-    if DTYPE == tl.bfloat16:
-        bits = tl.where(mag >= 2, (mag + 252) << 6, tl.where(mag == 1, 0x3F00, 0)) | ((c & 8) << 12)
-        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif DTYPE == tl.float16:
-        bits = tl.where(mag >= 2, (mag + 28) << 9, tl.where(mag == 1, 0x3800, 0)) | ((c & 8) << 12)
-        return bits.to(tl.int16).to(tl.float16, bitcast=True)
-    else:
-        return _e2m1_to_f32(code)
-
-
-@triton.jit
-def _mxfp4_group(w_ptr, s_ptr, expert, n, n_ok, kb, K,
-                 stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, DTYPE: tl.constexpr):  # fmt: skip
-    """One 32-wide K group of an MXFP4 weight: even-K and odd-K halves [16, BN] and the scale [BN].
-
-    Splitting by nibble instead of interleaving keeps every value in registers
-    (no join/reshape shuffles); the UE8M0 scale multiplies the fp32 partial
-    product after the dot instead of every weight element.
-    """
-    kp = kb // 2 + tl.arange(0, 16)
-    mask = n_ok[None, :] & (kp[:, None] < K // 2)
-    packed = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + kp[:, None] * stride_wk, mask=mask, other=0)
-    lo = _e2m1_to(packed & 0xF, DTYPE)
-    hi = _e2m1_to(packed >> 4, DTYPE)
-    sb = tl.load(s_ptr + expert * stride_se + n * stride_sn + (kb // 32) * stride_sk, mask=n_ok, other=0)
-    return lo, hi, _ue8m0_to_f32(sb)
-
-
-@triton.jit
-def _a_halves(a_rows_ptr, row_ok, kb, K, stride_ak):
-    """Even and odd K columns of a 32-wide group of the activation rows: two [BM, 16] tiles."""
-    ke = kb + 2 * tl.arange(0, 16)
-    a_e = tl.load(a_rows_ptr + ke[None, :] * stride_ak, mask=row_ok[:, None] & (ke[None, :] < K), other=0.0)
-    a_o = tl.load(a_rows_ptr + (ke + 1)[None, :] * stride_ak, mask=row_ok[:, None] & (ke[None, :] + 1 < K), other=0.0)
-    return a_e, a_o
-
-
-@triton.jit
 def _load_b(
     w_ptr, s_ptr, expert, n, n_ok, k0, K,
     stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     SCHEME: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):  # fmt: skip
-    """One [BLOCK_K, BLOCK_N] tile of a bf16/fp16/fp32/fp8 weight (rows ``n`` of ``[N, K]``), transposed,
-    and the per-column fp8 block scale (ones otherwise)."""
-    kk = k0 + tl.arange(0, BLOCK_K)
-    mask = n_ok[None, :] & (kk[:, None] < K)
-    tile = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0)
-    if SCHEME == FP8_BLOCK:
-        col_scale = tl.load(
-            s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
+    """One [BLOCK_K, BLOCK_N] tile of an expert's weight (rows ``n`` of ``[N, K]``), transposed.
+
+    Returns the tile in the dtype the dot consumes and, for fp8, the per-column scale.
+    """
+    if SCHEME == MXFP4:
+        kk = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        mask = n_ok[None, :] & (kk[:, None] < K // 2)
+        packed = tl.load(
+            w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0
         )
-    else:
+        lo = _e2m1_to_f32(packed & 0xF)
+        hi = _e2m1_to_f32(packed >> 4)
+        w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_K, n.shape[0]))
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        smask = n_ok[None, :] & (kg[:, None] < K // 32)
+        sb = tl.load(s_ptr + expert * stride_se + n[None, :] * stride_sn + kg[:, None] * stride_sk, mask=smask, other=0)
+        scale = _ue8m0_to_f32(sb)
+        scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // 32, 32, n.shape[0])), (BLOCK_K, n.shape[0]))
+        tile = (w * scale).to(OUT_DTYPE)
         col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        mask = n_ok[None, :] & (kk[:, None] < K)
+        tile = tl.load(
+            w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0
+        )
+        if SCHEME == FP8_BLOCK:
+            col_scale = tl.load(
+                s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
+            )
+        else:
+            col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
     return tile, col_scale
 
 
@@ -163,37 +137,24 @@ def _gemm1(
     dot_dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SCHEME == MXFP4:
-        a_rows = x_ptr + token[:, None] * stride_xm
-        for k0 in range(0, K, BLOCK_K):
-            for g in tl.static_range(BLOCK_K // 32):
-                kb = k0 + g * 32
-                a_e, a_o = _a_halves(a_rows, row_ok, kb, K, stride_xk)
-                lo, hi, sc = _mxfp4_group(w_ptr, s_ptr, expert, n, n_ok, kb, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sn, stride_sk, dot_dtype)  # fmt: skip
-                acc_g += tl.dot(a_o, hi, tl.dot(a_e, lo)) * sc[None, :]
-                lo, hi, sc = _mxfp4_group(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kb, K, stride_we, stride_wn,
-                                          stride_wk, stride_se, stride_sn, stride_sk, dot_dtype)  # fmt: skip
-                acc_u += tl.dot(a_o, hi, tl.dot(a_e, lo)) * sc[None, :]
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(
-                x_ptr + token[:, None] * stride_xm + kk[None, :] * stride_xk,
-                mask=row_ok[:, None] & (kk[None, :] < K),
-                other=0.0,
-            )
-            bg, sg = _load_b(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                             stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
-            bu, su = _load_b(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                             stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
-            if SCHEME == FP8_BLOCK:
-                aq, a_scale = _quant_fp8_rows(a)
-                acc_g += tl.dot(aq, bg) * a_scale[:, None] * sg[None, :]
-                acc_u += tl.dot(aq, bu) * a_scale[:, None] * su[None, :]
-            else:
-                acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
-                acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(
+            x_ptr + token[:, None] * stride_xm + kk[None, :] * stride_xk,
+            mask=row_ok[:, None] & (kk[None, :] < K),
+            other=0.0,
+        )
+        bg, sg = _load_b(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                         stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
+        bu, su = _load_b(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                         stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
+        if SCHEME == FP8_BLOCK:
+            aq, a_scale = _quant_fp8_rows(a)
+            acc_g += tl.dot(aq, bg) * a_scale[:, None] * sg[None, :]
+            acc_u += tl.dot(aq, bu) * a_scale[:, None] * su[None, :]
+        else:
+            acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
     if ROUTER_ON_INPUT:
         w = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)
         acc_g = acc_g * w[:, None]
@@ -240,30 +201,20 @@ def _gemm2(
     n_ok = n < N
     dot_dtype = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SCHEME == MXFP4:
-        a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
-        for k0 in range(0, K, BLOCK_K):
-            for g in tl.static_range(BLOCK_K // 32):
-                kb = k0 + g * 32
-                a_e, a_o = _a_halves(a_rows, row_ok, kb, K, stride_ak)
-                lo, hi, sc = _mxfp4_group(w_ptr, s_ptr, expert, n, n_ok, kb, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sn, stride_sk, dot_dtype)  # fmt: skip
-                acc += tl.dot(a_o, hi, tl.dot(a_e, lo)) * sc[None, :]
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(
-                a_ptr + rows.to(tl.int64)[:, None] * stride_am + kk[None, :] * stride_ak,
-                mask=row_ok[:, None] & (kk[None, :] < K),
-                other=0.0,
-            )
-            b, sb = _load_b(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                            stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
-            if SCHEME == FP8_BLOCK:
-                aq, a_scale = _quant_fp8_rows(a)
-                acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
-            else:
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(
+            a_ptr + rows.to(tl.int64)[:, None] * stride_am + kk[None, :] * stride_ak,
+            mask=row_ok[:, None] & (kk[None, :] < K),
+            other=0.0,
+        )
+        b, sb = _load_b(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                        stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
+        if SCHEME == FP8_BLOCK:
+            aq, a_scale = _quant_fp8_rows(a)
+            acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if not ROUTER_ON_INPUT:
