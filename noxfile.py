@@ -1,13 +1,20 @@
-"""Test sessions: core alone, each plugin with core, lint.
+"""Test sessions: core alone, each plugin with core, all plugins together, the
+example plugin's wheel, the ``moe new-plugin`` skeleton, lint.
 
-Every session builds the packages from the working tree and installs them
-into a fresh virtualenv, with ``constraints/cpu.txt`` pinning torch to the
-CPU wheel (an unpinned torch would pull a multi-GB CUDA build).
-Run everything with ``nox``; one session with ``nox -s core``.
+Every session installs packages from the working tree into a fresh virtualenv,
+with ``constraints/cpu.txt`` pinning torch to the CPU wheel (an unpinned torch
+would pull a multi-GB CUDA build). ``all_plugins``, ``example_wheel`` and
+``new_plugin`` install *wheels* built with the standard build frontend
+(``python -m build --wheel``), each folder built once per ``nox`` run and shared
+by the sessions; pip's download cache is shared by every session.
+Run everything with ``nox``; one session with ``nox -s core``; ``nox --list``.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 import nox
@@ -26,8 +33,45 @@ PLUGINS = {
 }
 
 
-def _pytest(session: nox.Session, tests: str, *extra: str) -> None:
-    session.run("python", "-m", "pytest", tests, "-q", "-rs", *extra, *session.posargs)
+#: the out-of-tree example plugin, written as a third party would
+EXAMPLE = "examples/moe-torch-grouped"
+
+
+def _pytest(session: nox.Session, tests: str, *extra: str, **kwargs):
+    return session.run("python", "-m", "pytest", tests, "-q", "-rs", *extra, *session.posargs, **kwargs)
+
+
+_wheels: dict[str, str] = {}
+_wheel_root: list[Path] = []
+_has_build: set[str] = set()
+_NOT_SOURCE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".nox")
+
+
+def _wheel(session: nox.Session, folder: str) -> str:
+    """The wheel of ``folder`` (relative to the repository, or absolute), built with
+    ``python -m build --wheel`` once per nox run and reused by later sessions."""
+    if folder not in _wheels:
+        if not _wheel_root:
+            _wheel_root.append(Path(tempfile.mkdtemp(prefix="moe-nox-wheels-")))
+            atexit.register(shutil.rmtree, _wheel_root[0], ignore_errors=True)
+        outdir = _wheel_root[0] / str(len(_wheels))
+        # build from a clean copy: setuptools reuses <folder>/build, so a module deleted from src/
+        # would otherwise still ship; and the working tree stays free of build artifacts
+        source = outdir / "src" / Path(folder).name
+        shutil.copytree(ROOT / folder, source, ignore=_NOT_SOURCE)
+        if session.virtualenv.location not in _has_build:
+            session.install(*CONSTRAINTS, "build")
+            _has_build.add(session.virtualenv.location)
+        session.run("python", "-m", "build", "--wheel", "--outdir", str(outdir), str(source), silent=True)
+        wheels = sorted(outdir.glob("*.whl"))
+        if len(wheels) != 1:
+            session.error(f"building {folder} gave {len(wheels)} wheels: {wheels}")
+        _wheels[folder] = str(wheels[0])
+    return _wheels[folder]
+
+
+def _install_wheels(session: nox.Session, *folders: str, extras: str = "[test]") -> None:
+    session.install(*CONSTRAINTS, *(_wheel(session, f) + extras for f in folders))
 
 
 @nox.session
@@ -59,8 +103,81 @@ for _name, _folder in PLUGINS.items():
 
 
 @nox.session
+def all_plugins(session: nox.Session) -> None:
+    """Every first-party plugin + the example plugin together (wheels): listing, duplicates, auto order.
+
+    One fresh environment: every declared backend listed with its distribution, truthful statuses on
+    this machine, no duplicate keys, duplicates resolved as documented, auto-selection by priority.
+    """
+    _install_wheels(session, "core", *PLUGINS.values(), EXAMPLE)
+    session.run("moe", "backends", "--check")  # the table, for whoever reads the log
+    _pytest(session, "tests/integration")
+    _pytest(session, f"{EXAMPLE}/tests")
+
+
+@nox.session
+def example_wheel(session: nox.Session) -> None:
+    """examples/moe-torch-grouped as shipped: its built wheel installed and tested (not the source tree).
+
+    The wheel comes from python -m build and is installed beside moe-core's wheel into a fresh
+    environment; then moe backends --check, moe check torch_grouped and its tests run against it.
+    """
+    _install_wheels(session, "core", EXAMPLE)
+    session.run("python", "-c", _FROM_WHEEL.format(package="moe_torch_grouped"))
+    session.run("moe", "backends", "--check")
+    session.run("moe", "check", "torch_grouped")
+    _pytest(session, f"{EXAMPLE}/tests")
+
+
+_FROM_WHEEL = """
+import sysconfig, {package} as pkg
+assert pkg.__file__.startswith(sysconfig.get_paths()["purelib"]), f"{{pkg.__file__}} is not the installed wheel"
+print("{package} imported from the installed wheel:", pkg.__file__)
+"""
+
+_SKELETON_LISTED = """
+import contextlib, io, json, sys
+from moe_core.cli import main
+
+def rows(*args):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["backends", "--json", *args]) == 0
+    return {{r["name"]: r for r in json.loads(buf.getvalue())}}
+
+row = rows()["{name}"]
+assert row["distribution"] == "moe-{dist}" and row["status"] == "discovered", row
+row = rows("--check")["{name}"]
+assert row["status"] == "unavailable" and "not implemented yet" in row["reason"], row
+print("moe backends lists {name}:", row["status"], "-", row["reason"])
+"""
+
+
+@nox.session
+def new_plugin(session: nox.Session) -> None:
+    """moe new-plugin end to end: generate, build, install, list, run its (skipping) conformance tests.
+
+    The skeleton goes into a temp folder, its wheel is built with python -m build and installed;
+    moe backends must list it (unavailable: not implemented yet) and its conformance cases must skip
+    with that reason.
+    """
+    _install_wheels(session, "core")
+    folder = Path(session.create_tmp()) / "nox_skeleton"
+    shutil.rmtree(folder, ignore_errors=True)
+    session.run("moe", "new-plugin", "nox_skeleton", "--dir", str(folder))
+    session.install(*CONSTRAINTS, _wheel(session, str(folder)))
+    session.run("python", "-c", _FROM_WHEEL.format(package="moe_nox_skeleton"))
+    session.run("moe", "backends", "--check")
+    session.run("python", "-c", _SKELETON_LISTED.format(name="nox_skeleton", dist="nox-skeleton"))
+    output = _pytest(session, str(folder / "tests"), "-p", "no:cacheprovider", silent=True)
+    print(output)
+    if "its kernel is not implemented yet" not in output or "1 passed" not in output:
+        session.error("the skeleton's conformance cases did not skip with its not-implemented reason")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff over every package."""
-    session.install("ruff")
+    session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

@@ -52,7 +52,7 @@ def test_backends_table(site, capsys, monkeypatch):
 
 
 def test_run_json_verify(capsys):
-    code, out, _ = run_cli(capsys, "run", "--json", "--verify", "--tokens", "8", "--repeat", "1")
+    code, out, _ = run_cli(capsys, "run", "--json", "--verify", "--tokens", "8", "--repeat", "1", "--backend", "torch")
     report = json.loads(out)
     assert code == 0 and report["backend"] == "torch" and report["verified"] is True
     assert report["rel_l2_error"] <= report["tolerance"] and report["tokens"] == 8

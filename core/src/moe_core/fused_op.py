@@ -10,6 +10,7 @@ machine (CUDA capability, library version) without importing heavy modules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +49,8 @@ class FusedOp:
 
     Lifetime: ``check`` (classmethod, cheap) -> ``__init__(problem)`` ->
     ``prepare(weights)`` once -> ``apply(...)`` per forward. ``apply`` must not
-    look anything up: it is the hot path.
+    look anything up: it is the hot path. ``warmup`` (classmethod, optional)
+    does slow one-time work ahead of all of that (``moe warmup``).
     """
 
     #: runner backend name, equal to the plugin's entry-point name
@@ -138,6 +140,20 @@ class FusedOp:
                     return Support.no(f"compute capability {have} not supported (needs {wanted})")
             return Support.yes()
         return Support.no(f"no supported device type here (supports: {_names(cls.device_types)})")
+
+    # ---- ahead-of-time work -------------------------------------------------
+    @classmethod
+    def warmup(cls, progress: Callable[[str], None] | None = None) -> Support:
+        """Do this op's slow one-time work now instead of in the first runner.
+
+        What ``moe warmup BACKEND`` calls: building JIT-compiled kernels,
+        fetching kernel binaries, filling caches — on this machine, for its
+        devices. ``progress`` receives human-readable status lines (may be
+        None). Returns ``Support`` that is ok when the op is ready (its
+        ``reason`` may say what was done), or not ok with the reason it could
+        not be warmed up here. Default: ok, nothing to do.
+        """
+        return Support(True, "nothing to warm up")
 
     # ---- the op -------------------------------------------------------------
     def __init__(self, problem: MoeProblem) -> None:

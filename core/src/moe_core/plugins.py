@@ -175,7 +175,9 @@ class PluginRegistry:
             if dup_reason:
                 rows.append(BackendInfo(status="error", reason=dup_reason, a2a_backends=a2a, priority=prio, **base))
             elif any(supports):
-                rows.append(BackendInfo(status=AVAILABLE, a2a_backends=a2a, priority=prio, **base))
+                # an available backend may still say something (e.g. which kernel path it will take)
+                note = "; ".join(sorted({s.reason for s in supports if s and s.reason}))
+                rows.append(BackendInfo(status=AVAILABLE, reason=note, a2a_backends=a2a, priority=prio, **base))
             else:
                 reason = "; ".join(sorted({s.reason for s in supports}))
                 rows.append(BackendInfo(status=UNAVAILABLE, reason=reason, a2a_backends=a2a, priority=prio, **base))

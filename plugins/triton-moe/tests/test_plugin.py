@@ -66,7 +66,8 @@ def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, 
     gen = torch.Generator().manual_seed(m)
     ids = torch.randint(0, num_experts, (m, top_k), generator=gen, dtype=torch.int32)
     ids[0, :] = 0  # at least one expert with several pairs, some experts empty
-    sorted_ids, block_expert, offsets = align(ids, num_experts, block_m)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sorted_ids, block_expert, offsets = (t.cpu() for t in align(ids.to(device), num_experts, block_m))
     flat = ids.reshape(-1).tolist()
     counts = [flat.count(e) for e in range(num_experts)]
     padded = [-(-c // block_m) * block_m for c in counts]

@@ -11,8 +11,9 @@ import argparse
 import importlib
 import sys
 
-#: subcommand modules, in the order ``moe --help`` lists them
-COMMANDS = ("backends", "run", "check", "bench")
+#: subcommands, in the order ``moe --help`` lists them; each lives in the module
+#: of the same name with '-' written '_' (``new-plugin`` -> ``moe_core.cli.new_plugin``)
+COMMANDS = ("backends", "run", "check", "bench", "tune", "warmup", "new-plugin")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        importlib.import_module(f"moe_core.cli.{name}").register(sub)
+        importlib.import_module(f"moe_core.cli.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -32,10 +32,10 @@ def register(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    import torch
+
     from moe_core.errors import BackendUnavailableError, InvalidInputError
     from moe_core.selection import resolve_backend
-
-    import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise BackendUnavailableError("moe tune times kernels on a GPU, and no CUDA device is available here")

@@ -269,14 +269,15 @@ class Conformance:
 
     def _run_bad_input(self, case: Case):
         op = self.fused_op()
+        declined = []
         for scheme in ("bf16", "fp16", "fp32", *QUANTIZED):
             try:
                 cfg = self._supported_config(replace(case, scheme=scheme))
                 break
-            except _Skip:
-                continue
+            except _Skip as skip:
+                declined.append(str(skip))
         else:
-            raise _Skip(f"{self.backend} supports none of the schemes on {self.device}")
+            raise _Skip(f"no scheme is usable on {self.device}; first reason: {declined[0]}")
         _, runner = self._layer(cfg)
         x, ids, tw = self._inputs(cfg, "default")
         out = None

@@ -1,0 +1,138 @@
+"""``FlashInferMxfp4FusedOp``: the ``("none", "flashinfer_mxfp4")`` fused op.
+
+``check`` (cheap, no flashinfer import): core's declared-capability checks,
+then ``probe`` — the device's kernel path by compute capability
+(``devices``) and the installed flashinfer-python version (``versions``,
+metadata only). Binding (``__init__``) imports flashinfer and verifies, by
+running the installed helpers on small CPU probes, that they produce the
+layouts this backend prepares; any disagreement refuses the backend.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import ClassVar
+
+import torch
+
+from moe_core.config import MoeProblem
+from moe_core.errors import BackendUnavailableError
+from moe_core.fused_op import FusedOp, Support
+from moe_core.weights import MoeWeights
+from moe_flashinfer_mxfp4 import devices, flashinfer_api, versions
+
+
+class FlashInferMxfp4FusedOp(FusedOp):
+    """MXFP4 weights x bf16 activations through FlashInfer (SM90 CUTLASS / SM100 trtllm-gen)."""
+
+    name = "flashinfer_mxfp4"
+    a2a_backends = ("none",)
+    priority = 100
+    quant_schemes: ClassVar[frozenset[str]] = frozenset({"mxfp4"})
+    activations: ClassVar[frozenset[str]] = frozenset({"silu", "swiglu_oai"})
+    #: bf16 only: the SM90 W4A16 kernel rejects fp16 since flashinfer 0.6.18 (interleaved layout)
+    activation_dtypes = frozenset({torch.bfloat16})
+    device_types = frozenset({"cuda"})
+    #: decided per path in ``probe`` so the reason can say which path and why not
+    compute_capabilities = None
+    supports_bias = True
+    #: W4A16 helpers fold scales in 64-row x 128-K blocks; trtllm-gen tiles rows by 128
+    size_alignment = 128
+
+    # ---- support (no flashinfer import) -------------------------------------------------------
+    @classmethod
+    def check(cls, problem: MoeProblem) -> Support:
+        support = super().check(problem)
+        if not support and support.reason.startswith("device type"):  # say what would work
+            here = "a CUDA device is available: put the weights on it" if torch.cuda.is_available() else "none is here"
+            return Support.no(f"{support.reason}: FlashInfer's MXFP4 MoE kernels need a CUDA GPU (SM90/SM100); {here}")
+        return support
+
+    @classmethod
+    def probe(cls, problem: MoeProblem | None) -> Support:
+        if problem is None:
+            paths, reasons = devices.machine_paths()
+            if not paths:
+                return Support.no("; ".join(reasons) or "no CUDA device is visible")
+        else:
+            path, reason = devices.path_for_device(problem.device)
+            if path is None:
+                return Support.no(reason)
+        return versions.check()
+
+    @classmethod
+    def path(cls, device: torch.device) -> str:
+        """The kernel path this op uses on ``device`` (``devices.SM90_CUTLASS`` / ``SM100_TRTLLM``)."""
+        path, reason = devices.path_for_device(torch.device(device))
+        if path is None:
+            raise BackendUnavailableError(f"flashinfer_mxfp4: {reason}")
+        return path
+
+    # ---- bind ---------------------------------------------------------------------------------
+    def __init__(self, problem: MoeProblem) -> None:
+        super().__init__(problem)
+        support = type(self).check(problem)
+        if not support:
+            raise BackendUnavailableError(f"flashinfer_mxfp4 cannot run this problem: {support.reason}")
+        self.kernel_path = type(self).path(problem.device)
+        self._fi = flashinfer_api.load()
+        if self.kernel_path == devices.SM90_CUTLASS:
+            self.layout = flashinfer_api.verify_sm90_layout(self._fi)
+            self._cold_build_notice()
+        else:
+            self.layout = flashinfer_api.verify_trtllm_rows(self._fi)
+
+    def _cold_build_notice(self) -> None:
+        try:
+            from moe_flashinfer_mxfp4.warmup import cold_build_notice
+
+            notice = cold_build_notice(self._fi, self.kernel_path)
+        except Exception:  # a notice must never stop a runner
+            notice = None
+        if notice:
+            warnings.warn(notice, RuntimeWarning, stacklevel=3)
+
+    # ---- prepare ------------------------------------------------------------------------------
+    def prepare(self, weights: MoeWeights):
+        try:
+            if self.kernel_path == devices.SM90_CUTLASS:
+                return flashinfer_api.prepare_sm90(self.config, weights, self._fi)
+            return flashinfer_api.prepare_sm100(self.config, weights, self._fi)
+        except Exception as exc:
+            if type(exc).__name__ == "MissingJITCacheError":
+                raise BackendUnavailableError(
+                    "flashinfer_mxfp4: FLASHINFER_DISABLE_JIT is set and the FlashInfer kernel module this path needs "
+                    "is not built or prebuilt; run `moe warmup flashinfer_mxfp4` (or install flashinfer-jit-cache "
+                    f"{self._fi.version} for your CUDA) first"
+                ) from exc
+            raise
+
+    # ---- forward ------------------------------------------------------------------------------
+    def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
+        m = hidden_states.shape[0]
+        if out is None:
+            out = torch.empty(m, self.config.hidden_size, dtype=torch.bfloat16, device=hidden_states.device)
+        if m == 0:
+            return out
+        x, ids, w = hidden_states.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
+        if self.kernel_path == devices.SM90_CUTLASS:
+            result = self._fi.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(self._fi, prepared, x, ids, w, out))
+        else:
+            kwargs = flashinfer_api.sm100_kwargs(self._fi, prepared, self.config, x, ids, w, out)
+            result = self._fi.trtllm_fp4_block_scale_routed_moe(**kwargs)
+        _into(out, result)
+        return out
+
+    # ---- moe warmup ---------------------------------------------------------------------------
+    @classmethod
+    def warmup(cls, progress=None) -> Support:
+        from moe_flashinfer_mxfp4.warmup import warmup
+
+        return warmup(cls, progress or (lambda message: None))
+
+
+def _into(out: torch.Tensor, result) -> None:
+    """Both kernels write ``output=out`` in place; copy if a release ever returns a fresh tensor instead."""
+    first = result if isinstance(result, torch.Tensor) else (result[0] if result else None)
+    if isinstance(first, torch.Tensor) and first.data_ptr() != out.data_ptr():
+        out.copy_(first)

@@ -1,0 +1,37 @@
+"""Fixtures: a pretend CUDA device of a chosen compute capability; no JIT source generation in tests.
+
+Helpers shared by the test modules live in ``mxfp4_testing`` (a uniquely named module, so these tests
+can run in one pytest session with other packages' tests).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_env(monkeypatch):
+    for var in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """``fake_gpu((9, 0))``: torch.cuda reports one device of that capability (no tensor can go there)."""
+
+    def install(cap: tuple[int, int], count: int = 1):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    return install
+
+
+@pytest.fixture(autouse=True)
+def _no_jit_spec_generation(monkeypatch):
+    """Binding on a pretend GPU must not make FlashInfer generate JIT sources into ~/.cache (the notice does)."""
+    monkeypatch.setattr("moe_flashinfer_mxfp4.warmup.cold_build_notice", lambda fi, path: None)

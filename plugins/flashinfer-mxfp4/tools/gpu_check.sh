@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# moe-flashinfer-mxfp4 on the lent H200 (SM90; torch 2.11+cu130, Python 3.12, nvcc 13.0, NO network).
+#
+# flashinfer is not on that image: carry it as wheels in .whl/ (repo root) and they are installed here with
+# `pip install --no-index --no-deps --target $SITE`. Needed: flashinfer_python-<v>-py3-none-any.whl with
+# 0.6.18 <= v < 0.8 and apache_tvm_ffi-<...>-cp312-*manylinux*.whl (flashinfer imports tvm_ffi; the rest of its
+# requirements are on the image or optional at import: nvidia-cutlass-dsl, cudnn-frontend, nccl4py, cuda-tile
+# were checked to be unneeded for `import flashinfer.fused_moe`). The carry limit is 64 MiB: 0.7.4 (101 MB) does
+# not fit; 0.6.18.post1 (18 MB) or 0.7.0.post1 (34 MB) do.
+#
+# Steps (each fits one 10-minute device call; run them in order in one warm session):
+#   check        install, versions, `moe backends --check`, bind the op on the real H200 (imports flashinfer, runs the
+#                layout probe: v2 by version AND by the installed helper), the CPU-safe plugin tests (pretend-device
+#                tests included; the conformance module and the fresh-venv test are left out here)
+#   build [S]    `moe warmup flashinfer_mxfp4` for at most S seconds (default 540): FlashInfer's JIT build of
+#                fused_moe_90 with progress lines and the ETA. A full cold build is ~249 ninja steps, ~1 hour on 16
+#                cores (36 units took 9.5 min), so it does NOT finish in one call or in one 30-minute device session;
+#                ninja resumes from the objects already in $FLASHINFER_WORKSPACE_BASE while the machine stays warm.
+#   conformance  only when fused_moe_90 is built (or prebuilt): pytest test_mxfp4_conformance.py and
+#                `moe check flashinfer_mxfp4 --json` on CUDA; otherwise says why it skipped.
+# Usage: bash plugins/flashinfer-mxfp4/tools/gpu_check.sh check [build [SECONDS]] [conformance]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SITE=${SITE:-/tmp/site}
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}   # JIT cache: ~/.cache/flashinfer moved
+export MAX_JOBS=${MAX_JOBS:-16}
+PLUGIN=plugins/flashinfer-mxfp4
+
+install() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+      2>&1 | tail -2
+  else
+    echo "no .whl/ folder: flashinfer must already be importable"
+  fi
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -m pip install -q --no-deps --no-build-isolation -e core -e "$PLUGIN" 2>&1 | tail -2
+}
+
+versions() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+  (nvcc --version | tail -1) 2>&1 | tee -a "$OUT/gpu.txt"
+  python3 - <<'PY' 2>&1 | tee -a "$OUT/gpu.txt"
+import sys, torch, importlib.metadata as md
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "capability", torch.cuda.get_device_capability(), torch.cuda.get_device_name())
+for dist in ("flashinfer-python", "apache-tvm-ffi", "flashinfer-jit-cache", "flashinfer-cubin"):
+    try:
+        print(dist, md.version(dist))
+    except md.PackageNotFoundError:
+        print(dist, "not installed")
+PY
+}
+
+check() {
+  python3 -m moe_core.cli backends --check --json | tee "$OUT/backends-check.json"
+  python3 - <<'PY' 2>&1 | tee "$OUT/bind.txt"
+import time, torch
+from moe_core import MoeConfig, MoeProblem
+from moe_flashinfer_mxfp4 import layouts
+from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+cfg = MoeConfig(8, 2, 256, 128, quant_scheme="mxfp4", activation="swiglu_oai", dtype=torch.bfloat16, has_bias=True)
+problem = MoeProblem(cfg, torch.device("cuda"))
+print("check:", Op.check(problem))
+print("path:", Op.path(problem.device))
+t = time.perf_counter()
+op = Op(problem)  # imports flashinfer, probes the layout; builds nothing
+print(f"bound in {time.perf_counter() - t:.1f}s: path={op.kernel_path} layout={op.layout} flashinfer={op._fi.version}")
+s = torch.randint(0, 256, (4, 256, 8), dtype=torch.int32).to(torch.uint8).cuda()
+same = torch.equal(op._fi.interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32), layouts.sm90_fold_scales_v2(s))
+print("scale fold on CUDA == v2 formula:", same)
+spec = op._fi.gen_cutlass_fused_moe_sm90_module()
+objs = spec.get_object_paths()
+print(f"{spec.name}: {len(objs)} compile units, {sum(p.exists() for p in objs)} compiled, "
+      f"compiled={spec.is_compiled} aot={spec.is_aot}")
+PY
+  python3 -m pytest "$PLUGIN/tests" -q -rs -p no:cacheprovider \
+    --ignore="$PLUGIN/tests/test_mxfp4_conformance.py" --ignore="$PLUGIN/tests/test_mxfp4_seed_scenario.py" \
+    2>&1 | tail -12 | tee "$OUT/pytest-cpu-safe.txt"
+}
+
+build() {
+  local seconds=${1:-540}
+  echo "building for at most ${seconds}s (a cold fused_moe_90 needs ~1 hour; progress lines below)"
+  timeout "$seconds" python3 -m moe_core.cli warmup flashinfer_mxfp4 2>&1 | tee "$OUT/warmup.txt" | tail -40
+  echo "warmup exit ${PIPESTATUS[0]} (124 = cut by the time limit; rerun to resume)"
+}
+
+conformance() {
+  if ! python3 -c "
+import sys
+from moe_flashinfer_mxfp4 import flashinfer_api
+spec = flashinfer_api.load().gen_cutlass_fused_moe_sm90_module()
+sys.exit(0 if (spec.is_compiled or spec.is_aot) else 1)"; then
+    echo "conformance skipped: fused_moe_90 is not built here (run the build step until it finishes, ~1 hour on"
+    echo "16 cores, or carry flashinfer-jit-cache of the same version); running it now would start that build"
+    return 0
+  fi
+  FLASHINFER_DISABLE_JIT=1 python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider \
+    2>&1 | tail -25 | tee "$OUT/pytest-conformance.txt"
+  FLASHINFER_DISABLE_JIT=1 python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4.json"
+  echo "moe check exit $?"
+  python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+}
+
+install
+versions
+[ $# -eq 0 ] && set -- check
+while [ $# -gt 0 ]; do
+  case "$1" in
+    check) check; shift ;;
+    build) if [[ "${2:-}" =~ ^[0-9]+$ ]]; then build "$2"; shift 2; else build; shift; fi ;;
+    conformance) conformance; shift ;;
+    *) echo "unknown step $1"; exit 2 ;;
+  esac
+done
