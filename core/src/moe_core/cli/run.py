@@ -67,10 +67,10 @@ def build_config(args):
 def run(args) -> int:
     import torch
 
+    from moe_core.bench import time_forward
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_inputs, random_weights
-    from moe_core.timing import median_time_ms
 
     if args.tokens < 0 or args.repeat < 1:
         raise InvalidInputError("--tokens must be >= 0 and --repeat >= 1")
@@ -80,7 +80,8 @@ def run(args) -> int:
     runner = MoeRunner(config, weights, backend=args.backend)
     x, ids, tw = random_inputs(config, args.tokens, device, seed=args.seed + 1)
     out = runner(x, ids, tw)
-    ms = median_time_ms(lambda: runner(x, ids, tw), device, repeat=args.repeat)
+    us, _ = time_forward(lambda: runner(x, ids, tw), device, repeat=args.repeat, use_graph=False)
+    ms = us / 1e3
     report = {
         "backend": runner.backend,
         "distribution": runner.distribution,
