@@ -32,6 +32,22 @@ def fake_gpu(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _no_jit_spec_generation(monkeypatch):
+def _no_jit_spec_generation(request, monkeypatch):
     """Binding on a pretend GPU must not make FlashInfer generate JIT sources into ~/.cache (the notice does)."""
-    monkeypatch.setattr("moe_flashinfer_mxfp4.warmup.cold_build_notice", lambda fi, path: None)
+    if request.node.get_closest_marker("engine_choice"):
+        return
+    monkeypatch.setattr("moe_flashinfer_mxfp4.warmup.cold_build_notice", lambda fi, path, engine=None: None)
+
+
+@pytest.fixture(autouse=True)
+def _full_module_engine(request, monkeypatch):
+    """Bind with FlashInfer's full module, built, unless a test is about the choice (marker ``engine_choice``)."""
+    if request.node.get_closest_marker("engine_choice"):
+        return
+    from moe_flashinfer_mxfp4 import sm90_engine
+
+    monkeypatch.setattr(sm90_engine, "choose", lambda fi: sm90_engine.Engine(sm90_engine.FULL, True, "test"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engine_choice: the test exercises the SM90 slim/full module choice itself")

@@ -7,7 +7,12 @@ the mxfp4/bf16 cases run against the float64 oracle (see tools/gpu_check.sh).
 
 from __future__ import annotations
 
+import pytest
+
 from moe_core.testing.conformance import BackendConformance
+
+#: the real SM90 module choice (slim or full, MOE_FLASHINFER_MXFP4_SM90_MODULE), not the unit tests' stand-in
+pytestmark = pytest.mark.engine_choice
 
 
 class TestFlashInferMxfp4(BackendConformance):

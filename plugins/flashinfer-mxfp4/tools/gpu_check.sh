@@ -18,7 +18,13 @@
 #                ninja resumes from the objects already in $FLASHINFER_WORKSPACE_BASE while the machine stays warm.
 #   conformance  only when fused_moe_90 is built (or prebuilt): pytest test_mxfp4_conformance.py and
 #                `moe check flashinfer_mxfp4 --json` on CUDA; otherwise says why it skipped.
-# Usage: bash plugins/flashinfer-mxfp4/tools/gpu_check.sh check [build [SECONDS]] [conformance]
+#   slim-build [S]  build the slim SM90 W4A16 module (moe_flashinfer_mxfp4.slim; MOE_FLASHINFER_MXFP4_SM90_MODULE=slim)
+#                with `moe warmup` for at most S seconds (default 560), timed; copies its report, ninja log and (if
+#                it fits the 16 MiB return limit) the library to $OUT
+#   slim-run     with the slim library built here or carried in .slim/ (a file from an earlier slim-build): the
+#                conformance suite + `moe check flashinfer_mxfp4`, then `moe bench` gpt-oss-120b mxfp4 for
+#                flashinfer_mxfp4 and triton side by side (needs plugins/triton-moe too)
+# Usage: bash plugins/flashinfer-mxfp4/tools/gpu_check.sh check [build [SECONDS]] [conformance] [slim-build [S]] [slim-run]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -104,6 +110,43 @@ sys.exit(0 if (spec.is_compiled or spec.is_aot) else 1)"; then
   python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
 }
 
+slim_library() {
+  python3 -c "from moe_flashinfer_mxfp4.slim.build import library_path; print(library_path())"
+}
+
+slim_build() {
+  local seconds=${1:-560}
+  echo "slim build for at most ${seconds}s with MAX_JOBS=$MAX_JOBS ($(nproc) cores)"
+  local t0; t0=$(date +%s.%N)
+  MOE_FLASHINFER_MXFP4_SM90_MODULE=slim timeout "$seconds" python3 -m moe_core.cli warmup flashinfer_mxfp4 2>&1 \
+    | tee "$OUT/slim-warmup.txt" | grep -v '^\[' | tail -20
+  echo "warmup exit ${PIPESTATUS[0]} after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s wall"
+  grep '^\[' "$OUT/slim-warmup.txt" | tail -3
+  local lib; lib=$(slim_library); local dir; dir=$(dirname "$lib")
+  cp "$dir/moe_slim_build.json" "$OUT/" 2>/dev/null && cat "$OUT/moe_slim_build.json"
+  cp "$dir/.ninja_log" "$OUT/slim-ninja_log.txt" 2>/dev/null
+  if [ -f "$lib" ] && [ "$(stat -c %s "$lib")" -lt 16000000 ]; then cp "$lib" "$OUT/"; fi
+  ls -la "$lib" 2>&1
+}
+
+slim_run() {
+  local lib; lib=$(slim_library)
+  if [ ! -f "$lib" ] && ls .slim/*.so >/dev/null 2>&1; then
+    mkdir -p "$(dirname "$lib")" && cp .slim/*.so "$lib" && echo "using the carried slim library -> $lib"
+  fi
+  [ -f "$lib" ] || { echo "slim-run skipped: no slim library at $lib"; return 0; }
+  export MOE_FLASHINFER_MXFP4_SM90_MODULE=slim FLASHINFER_DISABLE_JIT=1
+  python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider 2>&1 | tail -15 \
+    | tee "$OUT/pytest-conformance-slim.txt"
+  python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4-slim.json"
+  echo "moe check exit $?"
+  python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4-slim.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+  python3 -m pip install -q --no-deps --no-build-isolation -e plugins/triton-moe 2>&1 | tail -1
+  python3 -m moe_core.cli bench --backend flashinfer_mxfp4 --backend triton --scheme mxfp4 --preset gpt-oss-120b \
+    --output "$OUT/bench-mxfp4-flashinfer-triton.json" 2>&1 | tail -16
+  unset MOE_FLASHINFER_MXFP4_SM90_MODULE FLASHINFER_DISABLE_JIT
+}
+
 install
 versions
 [ $# -eq 0 ] && set -- check
@@ -112,6 +155,8 @@ while [ $# -gt 0 ]; do
     check) check; shift ;;
     build) if [[ "${2:-}" =~ ^[0-9]+$ ]]; then build "$2"; shift 2; else build; shift; fi ;;
     conformance) conformance; shift ;;
+    slim-build) if [[ "${2:-}" =~ ^[0-9]+$ ]]; then slim_build "$2"; shift 2; else slim_build; shift; fi ;;
+    slim-run) slim_run; shift ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done

@@ -19,7 +19,7 @@ from moe_core.config import MoeProblem
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import FusedOp, Support
 from moe_core.weights import MoeWeights
-from moe_flashinfer_mxfp4 import devices, flashinfer_api, versions
+from moe_flashinfer_mxfp4 import devices, flashinfer_api, sm90_engine, versions
 
 
 class FlashInferMxfp4FusedOp(FusedOp):
@@ -76,8 +76,11 @@ class FlashInferMxfp4FusedOp(FusedOp):
             raise BackendUnavailableError(f"flashinfer_mxfp4 cannot run this problem: {support.reason}")
         self.kernel_path = type(self).path(problem.device)
         self._fi = flashinfer_api.load()
+        #: SM90 only: which FlashInfer module runs the kernels (slim W4A16 or full fused_moe_90), and why
+        self.sm90_engine: sm90_engine.Engine | None = None
         if self.kernel_path == devices.SM90_CUTLASS:
             self.layout = flashinfer_api.verify_sm90_layout(self._fi)
+            self.sm90_engine = sm90_engine.choose(self._fi)
             self._cold_build_notice()
         else:
             self.layout = flashinfer_api.verify_trtllm_rows(self._fi)
@@ -86,7 +89,7 @@ class FlashInferMxfp4FusedOp(FusedOp):
         try:
             from moe_flashinfer_mxfp4.warmup import cold_build_notice
 
-            notice = cold_build_notice(self._fi, self.kernel_path)
+            notice = cold_build_notice(self._fi, self.kernel_path, self.sm90_engine)
         except Exception:  # a notice must never stop a runner
             notice = None
         if notice:
@@ -96,6 +99,9 @@ class FlashInferMxfp4FusedOp(FusedOp):
     def prepare(self, weights: MoeWeights):
         try:
             if self.kernel_path == devices.SM90_CUTLASS:
+                if self.sm90_engine is not None and self.sm90_engine.kind == sm90_engine.SLIM:
+                    if not hasattr(self._fi, "slim_module"):  # build (if needed) and load once per op
+                        self._fi = sm90_engine.slim_namespace(self._fi)
                 return flashinfer_api.prepare_sm90(self.config, weights, self._fi)
             return flashinfer_api.prepare_sm100(self.config, weights, self._fi)
         except Exception as exc:

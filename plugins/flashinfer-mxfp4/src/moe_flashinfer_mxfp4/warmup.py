@@ -29,11 +29,13 @@ from collections.abc import Callable
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import Support
 from moe_core.requirements import distribution_version
-from moe_flashinfer_mxfp4 import devices, flashinfer_api
+from moe_flashinfer_mxfp4 import devices, flashinfer_api, sm90_engine
 
 #: measured on an H200 host, 16 cores, flashinfer 0.7.4, CUDA 13.0: 36 units in 9.5 min
 SM90_UNITS_PER_MINUTE = 36 / 9.5
 SM90_MEASURED = "36 of its units compiled in 9.5 min on an H200 host with 16 cores"
+#: the slim module (moe_flashinfer_mxfp4.slim): 61 units; measured time in the plugin README
+SLIM_ESTIMATE = "61 compile units, a few minutes on 16 cores"
 
 
 def prebuilt_hint(version) -> str:
@@ -143,9 +145,16 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
     if devices.SM90_CUTLASS in paths:
         flashinfer_api.verify_sm90_layout(fi)
         progress(f"flashinfer {fi.version}: SM90 W4A16 layout verified (v2 by version and by probe)")
-        progress(f"{prebuilt_hint(fi.version)}")
-        spec = fi.gen_cutlass_fused_moe_sm90_module()
-        done.append(build_with_progress(spec, progress, units_per_minute=SM90_UNITS_PER_MINUTE, measured=SM90_MEASURED))
+        engine = sm90_engine.choose(fi)
+        progress(f"SM90 kernels: {engine.describe()}")
+        if engine.kind == sm90_engine.SLIM:
+            done.append(_warm_slim(fi, progress))
+        else:
+            progress(f"{prebuilt_hint(fi.version)}")
+            spec = fi.gen_cutlass_fused_moe_sm90_module()
+            done.append(
+                build_with_progress(spec, progress, units_per_minute=SM90_UNITS_PER_MINUTE, measured=SM90_MEASURED)
+            )
     if devices.SM100_TRTLLM in paths:
         flashinfer_api.verify_trtllm_rows(fi)
         progress("generating the trtllm-gen module spec (fetches kernel cubins unless flashinfer-cubin is installed)")
@@ -162,10 +171,30 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
     return Support(True, "; ".join(done))
 
 
-def cold_build_notice(fi, path: str) -> str | None:
-    """A warning text when the first prepare is about to compile ``fused_moe_90`` for an hour."""
+def _warm_slim(fi, progress) -> str:
+    from moe_flashinfer_mxfp4.slim import build
+    from moe_flashinfer_mxfp4.slim.module import SlimW4A16Module
+
+    if build.is_built():
+        report = build.last_report() or {}
+        progress(f"slim module already built: {build.library_path()} ({report.get('compile_units', '?')} units)")
+    else:
+        build.build(progress=progress)
+    SlimW4A16Module(build.library_path())  # loads: a broken library fails here, not in the first runner
+    return f"slim SM90 W4A16 module built and loads ({build.library_path()})"
+
+
+def cold_build_notice(fi, path: str, engine=None) -> str | None:
+    """A warning text when the first prepare is about to compile a FlashInfer module (minutes or an hour)."""
     if path != devices.SM90_CUTLASS:
         return None
+    if engine is not None and engine.kind == sm90_engine.SLIM:
+        if engine.built:
+            return None
+        return (
+            f"flashinfer_mxfp4: the slim SM90 W4A16 module is not built; this runner's prepare builds it now "
+            f"({SLIM_ESTIMATE}). Run `moe warmup flashinfer_mxfp4` ahead of time. Chosen because {engine.reason}."
+        )
     spec = fi.gen_cutlass_fused_moe_sm90_module()
     if getattr(spec, "is_aot", False) or getattr(spec, "is_compiled", False):
         return None

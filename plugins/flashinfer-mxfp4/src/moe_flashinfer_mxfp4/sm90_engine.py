@@ -1,0 +1,115 @@
+"""Which FlashInfer module runs the SM90 W4A16 path: the slim one (``moe_flashinfer_mxfp4.slim``) or the full one.
+
+FlashInfer's ``fused_moe_90`` serves every dtype combination and takes about
+an hour to compile; the slim module holds only the bf16 x MXFP4 kernels and
+compiles in minutes (numbers in the plugin README). Both run FlashInfer's
+same binding and kernels on the same prepared weights. ``auto`` (default)
+takes whichever is already built — slim first — and, when neither is, the
+slim one, because it builds an order of magnitude faster. The choice and its
+reason are reported (bind-time warning when a build is due, ``moe warmup``,
+``op.sm90_engine``), and ``MOE_FLASHINFER_MXFP4_SM90_MODULE=slim|full``
+overrides it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from moe_core.errors import BackendUnavailableError
+
+ENV = "MOE_FLASHINFER_MXFP4_SM90_MODULE"
+SLIM, FULL, AUTO = "slim", "full", "auto"
+CHOICES = (AUTO, SLIM, FULL)
+
+log = logging.getLogger("moe_flashinfer_mxfp4.slim")
+
+
+@dataclass(frozen=True)
+class Engine:
+    kind: str  # SLIM or FULL
+    built: bool
+    reason: str
+
+    def describe(self) -> str:
+        name = "slim W4A16 module" if self.kind == SLIM else "FlashInfer's full fused_moe_90 module"
+        return f"{name} ({'built' if self.built else 'not built yet'}): {self.reason}"
+
+
+def requested() -> str:
+    value = os.environ.get(ENV, "").strip().lower() or AUTO
+    if value not in CHOICES:
+        raise BackendUnavailableError(f"flashinfer_mxfp4: {ENV}={value!r} is not one of {', '.join(CHOICES)}")
+    return value
+
+
+def full_module_ready(fi) -> bool:
+    spec = fi.gen_cutlass_fused_moe_sm90_module()
+    return bool(getattr(spec, "is_aot", False) or getattr(spec, "is_compiled", False))
+
+
+def slim_problem() -> str | None:
+    """Why the slim module cannot be built or called here (None: it can)."""
+    from moe_flashinfer_mxfp4.slim import SlimUnsupported
+    from moe_flashinfer_mxfp4.slim.module import check_binding, read_binding_source
+
+    try:
+        check_binding(read_binding_source())
+    except (SlimUnsupported, OSError) as exc:
+        return str(exc)
+    if shutil.which("nm") is None or shutil.which("c++filt") is None:
+        return "binutils (nm, c++filt) are not on PATH"
+    return None
+
+
+def slim_built() -> bool:
+    from moe_flashinfer_mxfp4.slim.build import is_built
+
+    return is_built()
+
+
+def choose(fi) -> Engine:
+    wanted = requested()
+    if wanted == FULL:
+        return Engine(FULL, full_module_ready(fi), f"{ENV}=full")
+    problem = slim_problem()
+    if wanted == SLIM:
+        if problem:
+            raise BackendUnavailableError(
+                f"flashinfer_mxfp4: {ENV}=slim, but the slim module cannot be used: {problem}"
+            )
+        return Engine(SLIM, slim_built(), f"{ENV}=slim")
+    if problem is None and slim_built():
+        return Engine(SLIM, True, "the slim module is built")
+    if full_module_ready(fi):
+        return Engine(FULL, True, "FlashInfer's fused_moe_90 is built or prebuilt")
+    if problem is None:
+        return Engine(SLIM, False, "neither module is built; the slim one compiles in minutes, the full one in ~1 h")
+    return Engine(FULL, False, f"the slim module cannot be used here ({problem})")
+
+
+def slim_namespace(fi, progress=log.info) -> SimpleNamespace:
+    """``fi`` with the two calls that need the compiled module bound to the slim library (built if needed)."""
+    from moe_flashinfer_mxfp4.slim import build
+    from moe_flashinfer_mxfp4.slim.module import SlimW4A16Module
+
+    if not build.is_built():
+        if os.environ.get("FLASHINFER_DISABLE_JIT"):
+            raise BackendUnavailableError(
+                "flashinfer_mxfp4: FLASHINFER_DISABLE_JIT is set and the slim SM90 W4A16 module is not built; run "
+                f"`moe warmup flashinfer_mxfp4` first (or set {ENV}=full to use a prebuilt fused_moe_90)"
+            )
+        build.build(progress=progress)
+    module = SlimW4A16Module(Path(build.library_path()))
+    return SimpleNamespace(
+        **{
+            **vars(fi),
+            "interleave_moe_weights_for_sm90_mixed_gemm": module.interleave_moe_weights_for_sm90_mixed_gemm,
+            "cutlass_fused_moe": module.cutlass_fused_moe,
+            "slim_module": module,
+        }
+    )

@@ -1,0 +1,348 @@
+"""The slim SM90 W4A16 module on the CPU: which sources, the stub mechanism, the binding call, the module choice.
+
+What needs a GPU (compiling 60 CUDA units, running the kernels) runs on the
+H200 with ``tools/gpu_check.sh slim``; its results are in the plugin README.
+Here: the source selection against the installed FlashInfer's real
+generator and spec, the stubs with a real C++ compiler and binutils (a
+program calls a stubbed symbol and gets the exception), the binding's
+parameter order read from the installed source, and the slim/full choice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mxfp4_testing import cuda_problem, weights
+
+from moe_core.errors import BackendUnavailableError
+from moe_flashinfer_mxfp4 import sm90_engine, warmup
+from moe_flashinfer_mxfp4.slim import module as slim_module
+from moe_flashinfer_mxfp4.slim import sources, stubs
+
+flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
+
+
+_SOURCES_PROBE = """
+import json, math, sys
+from pathlib import Path
+from flashinfer.fused_moe import gen_cutlass_fused_moe_sm90_module
+from flashinfer.jit.gemm.cutlass import generate_kernels as gk
+from moe_flashinfer_mxfp4.slim import sources, stubs
+
+full = gen_cutlass_fused_moe_sm90_module()
+found = sources.slim_sources()
+spec = found.spec
+mine = [o for o in gk.generate_sm90_mixed_type_grouped_gemm_operations(True)
+        if o.act_type == gk.DataType.bf16 and o.weight_type == gk.e2m1]
+per_m = {}
+for o in mine:
+    per_m[o.cta_shape[0]] = per_m.get(o.cta_shape[0], 0) + 1
+spec.write_ninja()
+texts = [p.read_text() for p in found.generated]
+print(json.dumps(dict(
+    name=spec.name, full_name=full.name,
+    same_flags=spec.extra_cuda_cflags == full.extra_cuda_cflags and spec.extra_ldflags == full.extra_ldflags,
+    instantiations=found.instantiations, expected_instantiations=len(mine),
+    generated=len(found.generated),
+    expected_generated=sum(math.ceil(n / sources.GROUP_SIZE) for n in per_m.values()),
+    generated_ok=all(sources.MIXED_LAUNCHER_INL in t and "__nv_bfloat16" in t for t in texts),
+    other_types=[t for t in texts if "__nv_fp8_e4m3" in t or "__half" in t][:1],
+    names=[Path(p).name for p in spec.sources],
+    paths=[str(p) for p in spec.sources],
+    all_exist=all(Path(p).exists() for p in spec.sources),
+    full_count=len(full.sources),
+    objects=len(stubs.compiled_objects(Path(spec.ninja_path))),
+)))
+"""
+
+
+def test_slim_sources_keep_only_the_w4a16_kernels(tmp_path):
+    # a fresh interpreter: FlashInfer reads its target arch and cache location once, at import
+    env = dict(os.environ, FLASHINFER_CUDA_ARCH_LIST="9.0a", FLASHINFER_WORKSPACE_BASE=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", _SOURCES_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["name"] == sources.SLIM_MODULE_NAME != got["full_name"]
+    assert got["same_flags"]
+    # the instantiations: FlashInfer's generator's bf16 x E2M1 list, nothing else, all written
+    assert got["instantiations"] == got["expected_instantiations"] > 100
+    assert got["generated"] == got["expected_generated"]
+    assert got["generated_ok"] and got["other_types"] == []
+    names = got["names"]
+    assert "flashinfer_cutlass_fused_moe_binding.cu" in names and sources.KEEP_RUNNER in names
+    assert str(sources.OUR_INSTANTIATION) in got["paths"] and sources.REPLACED not in names
+    assert not [n for n in names if n.startswith("moe_gemm_kernels_") and n != sources.KEEP_RUNNER]
+    assert got["all_exist"]
+    assert len(names) < got["full_count"] / 3
+    assert got["objects"] == len(names)
+    assert all(str(tmp_path) in p for p in got["paths"] if p.endswith(".generated.cu"))  # nothing in ~/.cache
+
+
+def test_our_instantiation_names_only_the_w4a16_runner():
+    text = sources.OUR_INSTANTIATION.read_text()
+    instantiated = [line for line in text.splitlines() if line.startswith(("template class", "INSTANTIATE"))]
+    assert instantiated == [
+        "template class CutlassMoeFCRunner<__nv_bfloat16, Fp4Type>;",
+        "INSTANTIATE_FINALIZE_MOE_ROUTING(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16);",
+    ]
+
+
+# ---- stubs -------------------------------------------------------------------------------------------
+needs_toolchain = pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("c++", "nm", "c++filt")), reason="needs a C++ compiler and binutils (nm, c++filt)"
+)
+
+
+@needs_toolchain
+def test_stubs_make_a_program_with_missing_symbols_link_and_raise(tmp_path):
+    user = tmp_path / "user.cpp"
+    user.write_text(
+        textwrap.dedent(
+            """
+            namespace tensorrt_llm::kernels {
+            int left_out(int);
+            template <class T> struct Runner { int run(T); };
+            extern template struct Runner<float>;
+            }
+            int call_left_out(int x) { return tensorrt_llm::kernels::left_out(x); }
+            int call_runner(float x) { return tensorrt_llm::kernels::Runner<float>{}.run(x); }
+            int call_libc(const char* s);
+            """
+        )
+    )
+    main = tmp_path / "main.cpp"
+    main.write_text(
+        textwrap.dedent(
+            """
+            #include <cstdio>
+            #include <stdexcept>
+            int call_left_out(int); int call_runner(float);
+            int main() {
+              try { call_left_out(1); } catch (std::runtime_error const& e) { std::puts(e.what()); }
+              try { call_runner(1.f); } catch (std::runtime_error const& e) { std::puts(e.what()); }
+              return 0;
+            }
+            """
+        )
+    )
+    objs = []
+    for src in (user, main):
+        obj = src.with_suffix(".o")
+        subprocess.run(["c++", "-std=c++17", "-c", str(src), "-o", str(obj)], check=True)
+        objs.append(obj)
+    found = stubs.write_stubs(objs, tmp_path / "stubs.cpp")
+    assert sorted(s.demangled for s in found) == [
+        "tensorrt_llm::kernels::Runner<float>::run(float)",
+        "tensorrt_llm::kernels::left_out(int)",
+    ]
+    assert not any(s.is_data for s in found)
+    exe = tmp_path / "prog"
+    subprocess.run(["c++", "-std=c++17", *map(str, objs), str(tmp_path / "stubs.cpp"), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert len(out) == 2
+    assert "tensorrt_llm::kernels::left_out(int) is not compiled into it" in out[0]
+    assert "Runner<float>::run(float)" in out[1] and "bf16 activations x MXFP4 weights only" in out[1]
+
+
+def test_stubs_refuse_to_stand_in_for_the_w4a16_path():
+    w4a16 = stubs.Stub(
+        "_ZN12tensorrt_llm7kernels15cutlass_kernels18CutlassMoeFCRunnerI13__nv_bfloat16N7cutlass12float_e2m1_tEEC2Ev",
+        "tensorrt_llm::kernels::cutlass_kernels::CutlassMoeFCRunner<__nv_bfloat16, cutlass::float_e2m1_t, "
+        "__nv_bfloat16>::CutlassMoeFCRunner()",
+        False,
+    )
+    other = stubs.Stub("_ZN12tensorrt_llm1fEv", "tensorrt_llm::f()", False)
+    stubs.check_not_w4a16([other])
+    with pytest.raises(stubs.StubError, match="W4A16 path itself"):
+        stubs.check_not_w4a16([other, w4a16])
+
+
+def test_only_tensorrt_llm_symbols_are_stubbed():
+    match = stubs._TRTLLM.match
+    assert match("_ZN12tensorrt_llm7kernels1fEv") and match("_ZNK12tensorrt_llm1A1gEv")
+    assert match("_ZTVN12tensorrt_llm1AE")
+    assert not match("_ZNSt6vectorIiSaIiEE9push_backERKi") and not match("cudaMalloc") and not match("TVMFFIError")
+
+
+# ---- the binding call ------------------------------------------------------------------------------------
+def test_the_installed_binding_is_readable_and_fully_covered():
+    params = slim_module.check_binding(slim_module.read_binding_source())
+    assert params[:4] == ["output", "input", "token_selected_experts", "token_final_scales"]
+    assert {"swiglu_beta", "profile_ids", "enable_pdl", "base_activation_type"} <= set(params)
+
+
+def test_a_binding_parameter_without_a_value_makes_the_slim_path_unavailable():
+    source = slim_module.read_binding_source()
+    at = source.index('name == "run_moe")')
+    lambda_pdl = source.index("bool enable_pdl,", at)
+    source = source[:lambda_pdl] + "bool enable_pdl, int64_t new_knob," + source[lambda_pdl + len("bool enable_pdl,") :]
+    with pytest.raises(sources.SlimUnsupported, match="new_knob"):
+        slim_module.check_binding(source)
+
+
+class _Runner:
+    def __init__(self, log):
+        self.log = log
+
+    def run_moe(self, *args):
+        self.log.append(args)
+        args[0].fill_(5)
+
+
+def _slim_with_fake_library(params):
+    mod = object.__new__(slim_module.SlimW4A16Module)
+    log, inits = [], []
+    mod.run_moe_params = params
+    mod._runners = {}
+    mod._lock = __import__("threading").Lock()
+    mod._module = SimpleNamespace(init=lambda *a: inits.append(a) or _Runner(log))
+    return mod, log, inits
+
+
+@pytest.mark.parametrize("version", ["0.6.18", "0.7.4"])
+def test_run_moe_arguments_go_to_their_named_positions(version, fake_gpu):
+    extra = ["clamped_relu2_limit", "situ_beta", "situ_linear_beta"] if version == "0.7.4" else []
+    params = [
+        *slim_module.CALL_ARGS[:9],
+        "input_sf",
+        *slim_module.CALL_ARGS[9:],
+        *extra,
+        "swizzled_input_sf",
+        "tp_size",
+        "tp_rank",
+        "ep_size",
+        "ep_rank",
+        "cluster_size",
+        "cluster_rank",
+        "enable_alltoall",
+        "min_latency_mode",
+        "profile_ids",
+        "enable_pdl",
+        "base_activation_type",
+        "workspace_buffer",
+        *(["nvfp4_4over6_code"] if version == "0.7.4" else []),
+    ]
+    mod, log, inits = _slim_with_fake_library(params)
+    fake_gpu((9, 0))
+    from moe_flashinfer_mxfp4 import flashinfer_api
+
+    fi = flashinfer_api.load()
+    cfg_kw = dict(activation="swiglu_oai", has_bias=True)
+    from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+
+    op = Op(cuda_problem(**cfg_kw))
+    op._fi = SimpleNamespace(**{**vars(fi), "interleave_moe_weights_for_sm90_mixed_gemm": lambda w, q="fp4": w.clone()})
+    p = op.prepare(weights(op.config))
+    x = torch.randn(3, op.config.hidden_size, dtype=torch.bfloat16)
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    tw = torch.ones(3, 2)
+    out = torch.zeros(3, op.config.hidden_size, dtype=torch.bfloat16)
+    got = mod.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(fi, p, x, ids, tw, out))
+    assert got is out and bool((out == 5).all())
+    (args,) = log
+    assert len(args) == len(params)
+    named = dict(zip(params, args, strict=True))
+    assert named["output"] is out and named["input"] is x and named["quant_scales"] is p.quant_scales
+    assert named["fc1_expert_biases"] is p.b13 and named["swiglu_beta"] is p.swiglu_beta
+    assert named["profile_ids"] == [-1, -1] and named["tp_size"] == 1 and named["min_latency_mode"] is False
+    assert named["base_activation_type"] == int(fi.ActivationType.Swiglu) and named["input_sf"] is None
+    # one runner per finalize mode: bf16 x uint8 -> bf16, W4A16 group scaling, deterministic finalize
+    assert inits == [(torch.bfloat16, torch.uint8, torch.bfloat16, False, True, False, False, False, False)]
+
+
+def test_the_slim_call_refuses_what_it_would_drop():
+    mod, _, _ = _slim_with_fake_library(list(slim_module.CALL_ARGS))
+    with pytest.raises(TypeError, match="input_sf"):
+        mod.cutlass_fused_moe(activation_type=0, input=torch.zeros(1, 1), input_sf=torch.zeros(1))
+    with pytest.raises(ValueError, match="W4A16 path only"):
+        mod.cutlass_fused_moe(activation_type=0, use_w4_group_scaling=False, input=torch.zeros(1, 1))
+
+
+# ---- which module -----------------------------------------------------------------------------------------
+def _engine_world(monkeypatch, *, slim_ok=True, slim_built=False, full_ready=False):
+    monkeypatch.setattr(sm90_engine, "slim_problem", lambda: None if slim_ok else "no nvcc here")
+    monkeypatch.setattr(sm90_engine, "slim_built", lambda: slim_built)
+    monkeypatch.setattr(sm90_engine, "full_module_ready", lambda fi: full_ready)
+
+
+@pytest.mark.engine_choice
+@pytest.mark.parametrize(
+    "slim_ok,slim_built,full_ready,kind,built",
+    [
+        (True, True, True, "slim", True),  # both built: the slim one
+        (True, False, True, "full", True),  # only the full one is built: use it rather than build
+        (True, False, False, "slim", False),  # neither: build the slim one (minutes, not an hour)
+        (False, False, False, "full", False),  # slim impossible here: FlashInfer's own
+        (False, True, False, "full", False),  # a built slim library is not used when its binding is unreadable
+    ],
+)
+def test_auto_choice(monkeypatch, slim_ok, slim_built, full_ready, kind, built):
+    monkeypatch.delenv(sm90_engine.ENV, raising=False)
+    _engine_world(monkeypatch, slim_ok=slim_ok, slim_built=slim_built, full_ready=full_ready)
+    engine = sm90_engine.choose(None)
+    assert (engine.kind, engine.built) == (kind, built)
+    if not slim_ok:
+        assert "no nvcc here" in engine.reason
+
+
+@pytest.mark.engine_choice
+def test_the_choice_can_be_forced_and_a_bad_value_is_refused(monkeypatch):
+    _engine_world(monkeypatch, slim_built=True, full_ready=True)
+    monkeypatch.setenv(sm90_engine.ENV, "full")
+    assert sm90_engine.choose(None).kind == "full"
+    monkeypatch.setenv(sm90_engine.ENV, "slim")
+    assert sm90_engine.choose(None).kind == "slim"
+    monkeypatch.setenv(sm90_engine.ENV, "fastest")
+    with pytest.raises(BackendUnavailableError, match="not one of auto, slim, full"):
+        sm90_engine.choose(None)
+    _engine_world(monkeypatch, slim_ok=False)
+    monkeypatch.setenv(sm90_engine.ENV, "slim")
+    with pytest.raises(BackendUnavailableError, match="no nvcc here"):
+        sm90_engine.choose(None)
+
+
+@pytest.mark.engine_choice
+def test_an_op_bound_to_the_slim_module_prepares_and_runs_through_it(fake_gpu, monkeypatch):
+    _engine_world(monkeypatch, slim_built=True)
+    monkeypatch.delenv(sm90_engine.ENV, raising=False)
+    calls = []
+
+    def slim_namespace(fi, progress=None):
+        calls.append("slim")
+        return SimpleNamespace(
+            **{
+                **vars(fi),
+                "interleave_moe_weights_for_sm90_mixed_gemm": lambda w, q="fp4": w.clone(),
+                "cutlass_fused_moe": lambda **kw: kw["output"].fill_(9),
+                "slim_module": object(),
+            }
+        )
+
+    monkeypatch.setattr(sm90_engine, "slim_namespace", slim_namespace)
+    fake_gpu((9, 0))
+    from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+
+    op = Op(cuda_problem())
+    assert op.sm90_engine.kind == "slim" and op.sm90_engine.built
+    p = op.prepare(weights(op.config))
+    op.prepare(weights(op.config))
+    assert calls == ["slim"]  # loaded once per op
+    h = op.config.hidden_size
+    got = op.apply(torch.randn(2, h).bfloat16(), torch.zeros(2, 2, dtype=torch.int32), torch.ones(2, 2), p)
+    assert bool((got == 9).all())
+
+
+@pytest.mark.engine_choice
+def test_the_cold_notice_names_the_module_that_will_build():
+    slim_cold = sm90_engine.Engine("slim", False, "neither module is built")
+    notice = warmup.cold_build_notice(None, "sm90-cutlass-w4a16", slim_cold)
+    assert "slim SM90 W4A16 module is not built" in notice and "neither module is built" in notice
+    assert warmup.cold_build_notice(None, "sm90-cutlass-w4a16", sm90_engine.Engine("slim", True, "built")) is None
