@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -40,8 +41,13 @@ from moe_flashinfer_mxfp4.slim import sources, stubs
 full = gen_cutlass_fused_moe_sm90_module()
 found = sources.slim_sources()
 spec = found.spec
-mine = [o for o in gk.generate_sm90_mixed_type_grouped_gemm_operations(True)
-        if o.act_type == gk.DataType.bf16 and o.weight_type == gk.e2m1]
+every = [o for o in gk.generate_sm90_mixed_type_grouped_gemm_operations(True)
+         if o.act_type == gk.DataType.bf16 and o.weight_type == gk.e2m1]
+mine = [o for o in every if sources.offered_by_heuristic(o)]
+tiles = {tuple(o.cta_shape) for o in every}
+one_schedule_per_tile = all(
+    sum(tuple(o.cta_shape) == t and tuple(o.cga_shape) == c for o in mine) == 1
+    for t in tiles for c in {tuple(o.cga_shape) for o in every})
 per_m = {}
 for o in mine:
     per_m[o.cta_shape[0]] = per_m.get(o.cta_shape[0], 0) + 1
@@ -51,6 +57,8 @@ print(json.dumps(dict(
     name=spec.name, full_name=full.name,
     same_flags=spec.extra_cuda_cflags == full.extra_cuda_cflags and spec.extra_ldflags == full.extra_ldflags,
     instantiations=found.instantiations, expected_instantiations=len(mine),
+    left_out=found.left_out, every=len(every), one_schedule_per_tile=one_schedule_per_tile,
+    tiles=len(tiles), clusters=len({tuple(o.cga_shape) for o in every}),
     generated=len(found.generated),
     expected_generated=sum(math.ceil(n / sources.GROUP_SIZE) for n in per_m.values()),
     generated_ok=all(sources.MIXED_LAUNCHER_INL in t and "__nv_bfloat16" in t for t in texts),
@@ -74,6 +82,9 @@ def test_slim_sources_keep_only_the_w4a16_kernels(tmp_path):
     assert got["same_flags"]
     # the instantiations: FlashInfer's generator's bf16 x E2M1 list, nothing else, all written
     assert got["instantiations"] == got["expected_instantiations"] > 100
+    assert got["instantiations"] + got["left_out"] == got["every"]
+    # FlashInfer's heuristic offers every generated tile with every cluster shape, one schedule each
+    assert got["one_schedule_per_tile"] and got["instantiations"] == got["tiles"] * got["clusters"]
     assert got["generated"] == got["expected_generated"]
     assert got["generated_ok"] and got["other_types"] == []
     names = got["names"]
@@ -84,6 +95,29 @@ def test_slim_sources_keep_only_the_w4a16_kernels(tmp_path):
     assert len(names) < got["full_count"] / 3
     assert got["objects"] == len(names)
     assert all(str(tmp_path) in p for p in got["paths"] if p.endswith(".generated.cu"))  # nothing in ~/.cache
+
+
+def test_the_cooperative_rule_matches_the_installed_heuristic_source():
+    """The installed cutlass_heuristic.cpp's sm90_supports_coop, read as data, against ours for every tile."""
+    import re
+
+    from flashinfer.jit import env as jit_env
+
+    src = Path(jit_env.FLASHINFER_CSRC_DIR) / "nv_internal/tensorrt_llm/kernels/cutlass_kernels/cutlass_heuristic.cpp"
+    text = src.read_text()
+    body = text[text.index("bool sm90_supports_coop") :]
+    body = body[body.index("#else") : body.index("#endif")]
+    rules = re.findall(r"if \(tile_m == (\d+) && \(?([^)]*?)\)?\) \{\s*return ([^;]*);", body)
+    assert len(rules) == 4, body
+    for m in (64, 128, 256):
+        for n in (16, 32, 64, 128, 256):
+            for k in (128, 256, 512):
+                theirs = False
+                for rm, ncond, kcond in rules:
+                    if int(rm) == m and eval(ncond.replace("tile_n", str(n)).replace("||", " or ")):
+                        theirs = eval(kcond.replace("tile_k", str(k)).replace("||", " or "))
+                        break
+                assert sources.supports_cooperative(m, n, k) == theirs, (m, n, k)
 
 
 def test_our_instantiation_names_only_the_w4a16_runner():
@@ -163,6 +197,21 @@ def test_stubs_refuse_to_stand_in_for_the_w4a16_path():
     stubs.check_not_w4a16([other])
     with pytest.raises(stubs.StubError, match="W4A16 path itself"):
         stubs.check_not_w4a16([other, w4a16])
+
+    def launcher(schedule):
+        name = (
+            "void tensorrt_llm::kernels::cutlass_kernels_oss::sm90_generic_mixed_moe_gemm_kernelLauncher<"
+            "__nv_bfloat16, cutlass::float_e2m1_t, __nv_bfloat16, cute::tuple<cute::C<128> >, "
+            f"cutlass::gemm::{schedule}>(int)"
+        )
+        return stubs.Stub("_ZN12tensorrt_llm" + schedule, name, False)
+
+    twins = [launcher("KernelTmaWarpSpecializedPingpong")] * 2
+    stubs.check_not_w4a16([other, *twins], left_out=2)  # exactly the twins sources left out: fine
+    with pytest.raises(stubs.StubError):
+        stubs.check_not_w4a16([other, *twins], left_out=1)  # one more missing than left out
+    with pytest.raises(stubs.StubError):
+        stubs.check_not_w4a16([launcher("KernelTmaWarpSpecializedCooperative")], left_out=1)
 
 
 def test_only_tensorrt_llm_symbols_are_stubbed():

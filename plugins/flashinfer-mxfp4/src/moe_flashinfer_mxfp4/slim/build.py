@@ -33,6 +33,7 @@ class SlimBuildReport:
     compile_units: int  # translation units in this module (FlashInfer's fused_moe_90: ~248)
     generated_units: int
     instantiations: int
+    left_out: int
     stubs: int
     jobs: int
     wall_seconds: float  # this build: both ninja runs, including the link
@@ -43,7 +44,8 @@ class SlimBuildReport:
     def summary(self) -> str:
         return (
             f"{self.module}: {self.compile_units} compile units ({self.generated_units} generated, "
-            f"{self.instantiations} W4A16 GEMM instantiations, {self.stubs} stubs) + link, "
+            f"{self.instantiations} W4A16 GEMM instantiations, {self.left_out} never-offered twins left out, "
+            f"{self.stubs} stubs) + link, "
             f"{self.compiled_now} compiled now in {self.wall_seconds / 60:.1f} min with {self.jobs} jobs; "
             f"{self.library_bytes / 2**20:.1f} MiB"
         )
@@ -124,12 +126,15 @@ def build(
     progress(
         f"{spec.name}: {len(objects)} compile units ({len(found.generated)} generated files holding "
         f"{found.instantiations} bf16 x MXFP4 grouped GEMMs; FlashInfer's full fused_moe_90 has "
-        f"{len(found.dropped) + len(found.kept)}), {missing_before} to compile, {jobs} jobs"
+        f"{len(found.dropped) + len(found.kept)}), {missing_before} without an object yet, {jobs} jobs"
     )
     _run_ninja(build_dir, [str(o) for o in objects], jobs, progress)
     stub_path = build_dir / STUB_SOURCE_NAME
-    stubbed = stubs_mod.write_stubs(objects, stub_path)
-    progress(f"{len(stubbed)} symbols of other dtype combinations stubbed (they raise if ever called)")
+    stubbed = stubs_mod.write_stubs(objects, stub_path, found.left_out)
+    progress(
+        f"{len(stubbed)} symbols stubbed (they raise if ever called): other dtype combinations' runners and the "
+        f"{found.left_out} ping-pong GEMM twins FlashInfer's SM90 heuristic never offers"
+    )
     linked = slim_sources_mod.with_extra_source(spec, stub_path)
     linked.write_ninja()
     _run_ninja(build_dir, [], jobs, progress)
@@ -143,6 +148,7 @@ def build(
         compile_units=len(objects) + 1,
         generated_units=len(found.generated),
         instantiations=found.instantiations,
+        left_out=found.left_out,
         stubs=len(stubbed),
         jobs=jobs,
         wall_seconds=round(time.monotonic() - started, 1),
