@@ -198,20 +198,27 @@ def test_stubs_refuse_to_stand_in_for_the_w4a16_path():
     with pytest.raises(stubs.StubError, match="W4A16 path itself"):
         stubs.check_not_w4a16([other, w4a16])
 
-    def launcher(schedule):
+    def launcher(tile, schedule):
+        m, n, k = tile
         name = (
             "void tensorrt_llm::kernels::cutlass_kernels_oss::sm90_generic_mixed_moe_gemm_kernelLauncher<"
-            "__nv_bfloat16, cutlass::float_e2m1_t, __nv_bfloat16, cute::tuple<cute::C<128> >, "
-            f"cutlass::gemm::{schedule}>(int)"
+            "__nv_bfloat16, cutlass::float_e2m1_t, __nv_bfloat16, tensorrt_llm::cutlass_extensions::EpilogueOpDefault, "
+            f"cute::tuple<cute::C<{m}>, cute::C<{n}>, cute::C<{k}> >, "
+            "cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, "
+            f"cutlass::gemm::KernelTmaWarpSpecialized{schedule}, cutlass::epilogue::TmaWarpSpecializedCooperative>(int)"
         )
-        return stubs.Stub("_ZN12tensorrt_llm" + schedule, name, False)
+        return stubs.Stub(f"_ZN12tensorrt_llm{m}{n}{k}{schedule}", name, False)
 
-    twins = [launcher("KernelTmaWarpSpecializedPingpong")] * 2
+    # 128x16x256 is cooperative-capable: its ping-pong twin is never offered; 128x128x512 is not: its cooperative one
+    twins = [launcher((128, 16, 256), "Pingpong"), launcher((128, 128, 512), "Cooperative")]
+    assert all(stubs.never_offered(t.demangled) for t in twins)
     stubs.check_not_w4a16([other, *twins], left_out=2)  # exactly the twins sources left out: fine
     with pytest.raises(stubs.StubError):
-        stubs.check_not_w4a16([other, *twins], left_out=1)  # one more missing than left out
+        stubs.check_not_w4a16([other, *twins], left_out=1)  # a different count than sources left out
+    offered = launcher((128, 16, 256), "Cooperative")
+    assert not stubs.never_offered(offered.demangled)
     with pytest.raises(stubs.StubError):
-        stubs.check_not_w4a16([launcher("KernelTmaWarpSpecializedCooperative")], left_out=1)
+        stubs.check_not_w4a16([*twins, offered], left_out=2)  # a kernel the heuristic can pick is missing
 
 
 def test_only_tensorrt_llm_symbols_are_stubbed():

@@ -133,7 +133,7 @@ def build(
     stubbed = stubs_mod.write_stubs(objects, stub_path, found.left_out)
     progress(
         f"{len(stubbed)} symbols stubbed (they raise if ever called): other dtype combinations' runners and the "
-        f"{found.left_out} ping-pong GEMM twins FlashInfer's SM90 heuristic never offers"
+        f"{found.left_out} GEMM schedule twins FlashInfer's SM90 heuristic never offers"
     )
     linked = slim_sources_mod.with_extra_source(spec, stub_path)
     linked.write_ninja()

@@ -12,8 +12,8 @@ combination the slim module does not serve, and the caller gets an error
 rather than an unresolved symbol at load or a crash.
 
 Fail closed: if a missing symbol belongs to the W4A16 path itself (its
-runner, or a grouped GEMM other than the ping-pong twins ``sources`` leaves
-out on purpose, counted), the build stops — stubbing it would compile a
+runner, or a grouped GEMM other than the never-offered schedule twins
+``sources`` leaves out on purpose, counted), the build stops — stubbing it would compile a
 module that raises on the very path it exists for.
 """
 
@@ -24,6 +24,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from moe_flashinfer_mxfp4.slim.sources import supports_cooperative
 
 #: mangled names in TensorRT-LLM's namespace: functions/members (_ZN / _ZNK), vtables, typeinfo, thunks
 _TRTLLM = re.compile(r"^_Z(?:T[VIS]|Th[n\d_]*?)?N[KVr]*12tensorrt_llm")
@@ -98,13 +100,24 @@ def missing_symbols(objects: list[Path]) -> list[Stub]:
     return stubs
 
 
-LEFT_OUT_SCHEDULE = "KernelTmaWarpSpecializedPingpong"
+_LAUNCHER_TILE = re.compile(
+    r"kernelLauncher<.*?cute::tuple<cute::C<(\d+)>, cute::C<(\d+)>, cute::C<(\d+)> >.*?cutlass::gemm::Kernel(\w+)"
+)
+
+
+def never_offered(demangled: str) -> bool:
+    """A W4A16 GEMM launcher whose (tile, schedule) FlashInfer's SM90 heuristic never offers (``sources``)."""
+    match = _LAUNCHER_TILE.search(demangled)
+    if not match:
+        return False
+    m, n, k = (int(g) for g in match.groups()[:3])
+    return ("Cooperative" in match.group(4)) != supports_cooperative(m, n, k)
 
 
 def check_not_w4a16(stubs: list[Stub], left_out: int = 0) -> None:
-    """Refuse stubs on the W4A16 path, except exactly ``left_out`` ping-pong GEMM launchers (sources' choice)."""
+    """Refuse stubs on the W4A16 path, except exactly ``left_out`` launchers the heuristic never offers."""
     w4a16 = [s.demangled for s in stubs if any(marker in s.demangled for marker in W4A16_MARKERS)]
-    twins = [d for d in w4a16 if "kernelLauncher<" in d and LEFT_OUT_SCHEDULE in d]
+    twins = [d for d in w4a16 if never_offered(d)]
     if len(twins) == left_out:
         w4a16 = [d for d in w4a16 if d not in twins]
     bad = w4a16
