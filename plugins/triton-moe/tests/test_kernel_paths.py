@@ -138,3 +138,14 @@ def test_fp8_block_split_k_on_cuda(split):
     weights = random_weights(cfg, DEVICE)
     out, inputs = _check(cfg, weights, 5, _kc(128, split))
     assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), out)
+
+
+@pytest.mark.skipif(not CUDA, reason="the inline-PTX MXFP4 decode runs on CUDA only")
+@pytest.mark.parametrize("m,split", [(5, 1), (5, 2), (1, 0)])
+def test_mxfp4_inline_ptx_decode_on_cuda(monkeypatch, m, split):
+    monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", True)
+    cfg = MoeConfig(8, 2, 256, 192, quant_scheme="mxfp4", activation="swiglu_oai", dtype=torch.bfloat16, has_bias=True)
+    weights = random_weights(cfg, DEVICE)
+    out, inputs = _check(cfg, weights, m, _kc(128, split, block_n=64))
+    monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", False)
+    assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n=64)), out)  # same bits as portable

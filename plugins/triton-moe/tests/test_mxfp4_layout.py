@@ -14,7 +14,7 @@ import triton.language as tl
 from moe_core.quant.fp4 import e2m1_to_float, unpack_fp4
 from moe_core.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4, ue8m0_to_float
 from moe_triton import layout
-from moe_triton.kernels.operands import _e2m1_half
+from moe_triton.kernels.operands import _e2m1_half, _e2m1_scaled_asm
 
 CODES = torch.arange(16, dtype=torch.uint8)
 
@@ -108,3 +108,22 @@ def test_kernel_decode_helper_matches_all_256_bytes():
         _decode_all_bytes[(1,)](b, lo, hi, DTYPE=dt)
         assert torch.equal(lo.cpu(), e2m1_to_float(b.cpu() & 0xF)), dt
         assert torch.equal(hi.cpu(), e2m1_to_float(b.cpu() >> 4)), dt
+
+
+@triton.jit
+def _decode_asm_all_bytes(b_ptr, lo_ptr, hi_ptr):
+    """[32, 8] bytes (all 256 values) through the inline-PTX decode with the scale 2**126 (undoes the bit shift)."""
+    offs = tl.arange(0, 32)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    b = tl.load(b_ptr + offs)
+    scale = tl.full((8,), 8.507059173023462e37, tl.bfloat16)  # 2**126
+    tl.store(lo_ptr + offs, _e2m1_scaled_asm(b, scale, False).to(tl.float32))
+    tl.store(hi_ptr + offs, _e2m1_scaled_asm(b, scale, True).to(tl.float32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on CUDA only")
+def test_inline_ptx_decode_matches_all_256_bytes():
+    b = torch.arange(256, dtype=torch.uint8, device="cuda")
+    lo, hi = torch.empty(256, device="cuda"), torch.empty(256, device="cuda")
+    _decode_asm_all_bytes[(1,)](b, lo, hi)
+    assert torch.equal(lo.cpu(), e2m1_to_float(b.cpu() & 0xF))
+    assert torch.equal(hi.cpu(), e2m1_to_float(b.cpu() >> 4))

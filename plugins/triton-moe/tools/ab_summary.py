@@ -1,7 +1,7 @@
 """Summarise the ``gpu_check.sh ab`` runs: decode time per (preset, scheme, M), split-K auto vs off, speed-up over bf16.
 
-Usage: python ab_summary.py OUT_DIR (reads ``ab-<scheme>-<preset>-split<0|1>.json``; split0 = as configured,
-split1 = split-K forced off).
+Usage: python ab_summary.py OUT_DIR (reads ``ab-<label>-<preset>-split<0|1>.json``; label is the scheme, or
+``mxfp4asm`` for the inline-PTX decode; split0 = as configured, split1 = split-K forced off).
 """
 
 from __future__ import annotations

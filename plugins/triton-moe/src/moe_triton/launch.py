@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from moe_triton import configs
 from moe_triton.configs import GemmConfig, KernelConfig, resolve_split_k, sanitize, select_config
 from moe_triton.kernels import align as align_mod
 from moe_triton.kernels import gemm
@@ -50,6 +51,11 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
+    """Inline-PTX MXFP4 decode: opted in (``configs.MXFP4_DECODE_ASM``), CUDA, bf16 activations."""
+    return configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
+
+
 def split_workspace(split_k: int, rows: int, inter: int, device) -> torch.Tensor:
     """GEMM1's fp32 partial sums ``[split_k, rows, 2I]`` (only rows holding a pair are written and read)."""
     return torch.empty(split_k, rows, 2 * inter, dtype=torch.float32, device=device)
@@ -75,7 +81,7 @@ def launch_gemm1(
         split_stride, o_m, o_n,
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b13 is not None,
         ROUTER_ON_INPUT=router_on_input, PRECISION=_precision(x.dtype), SPLIT_K=split_k,
-        BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        DECODE_ASM=_decode_asm(scheme, x), BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
         num_warps=g.num_warps, num_stages=g.num_stages,
     )  # fmt: skip
 
@@ -105,7 +111,8 @@ def launch_gemm2(
         *_bias_strides(b13 if use_b13 else None), y.stride(0), y.stride(1),
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b2 is not None,
         HAS_BIAS13=use_b13, ROUTER_ON_INPUT=router_on_input, OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype),
-        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        SPLIT_K=split_k, DECODE_ASM=_decode_asm(scheme, y), BLOCK_M=block_m, BLOCK_N=g.block_n,
+        BLOCK_K=g.block_k, GROUP_M=g.group_m,
         num_warps=g.num_warps, num_stages=g.num_stages,
     )  # fmt: skip
 

@@ -72,6 +72,9 @@ SPLIT_K_MAX = 8
 #: ``MOE_TRITON_SPLIT_K=N`` forces GEMM1's K split for every forward of the process (1 = off), for
 #: A/B timing; unset or 0 = as configured. Read once at import.
 SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
+#: ``MOE_TRITON_MXFP4_ASM=1``: decode MXFP4 with inline PTX (CUDA, bf16 activations) instead of Triton bit
+#: ops. Off by default until measured on the H200; read at import (tests may patch it).
+MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "0") == "1"
 
 
 def min_block_k(scheme: str) -> int:

@@ -22,7 +22,8 @@ fp8_block (float8_e4m3fn with a fp32 scale per 128x128 block; the activation
 tile is quantized to fp8 per token per 128 columns on the fly, BLOCK_K = 128);
 2 = mxfp4 W4A16 in the chunked layout: per 64-wide K chunk one byte tile is
 decoded into its low half (K rows 0..31 of the chunk) and high half (32..63)
-with bit ops, and two dots consume them — no nibble interleave.
+with bit ops, and two dots consume them — no nibble interleave. ``DECODE_ASM``
+(CUDA + bf16) swaps the Triton bit ops for inline PTX doing 4 bytes at a time.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _gemm1(
     stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_be, stride_bn, stride_os, stride_om, stride_on,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr,
+    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales."""
@@ -103,9 +104,10 @@ def _gemm1(
                 a_lo = _rows_tile(x_ptr, token, row_ok, kk, K, stride_xm, stride_xk)
                 a_hi = _rows_tile(x_ptr, token, row_ok, kk + HALF, K, stride_xm, stride_xk)
                 g_lo, g_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sk, stride_sn, dot_dtype)  # fmt: skip
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM)  # fmt: skip
                 u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
-                                          stride_wk, stride_se, stride_sk, stride_sn, dot_dtype)  # fmt: skip
+                                          stride_wk, stride_se, stride_sk, stride_sn, dot_dtype,
+                                          DECODE_ASM)  # fmt: skip
                 acc_g = tl.dot(a_lo, g_lo, acc_g, input_precision=PRECISION)
                 acc_g = tl.dot(a_hi, g_hi, acc_g, input_precision=PRECISION)
                 acc_u = tl.dot(a_lo, u_lo, acc_u, input_precision=PRECISION)
@@ -153,7 +155,8 @@ def _gemm2(
     stride_be, stride_bn, stride_b13e, stride_b13n, stride_om, stride_on,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_BIAS13: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """GEMM2; ``SPLIT_K`` is GEMM1's (its A operand is then the partials, see ``_gemm2_a``)."""
     num_n = tl.cdiv(N, BLOCK_N)
@@ -180,7 +183,7 @@ def _gemm2(
                                 stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
                                 dot_dtype)  # fmt: skip
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sk, stride_sn, dot_dtype)  # fmt: skip
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM)  # fmt: skip
                 acc = tl.dot(a_lo, b_lo, acc, input_precision=PRECISION)
                 acc = tl.dot(a_hi, b_hi, acc, input_precision=PRECISION)
         else:

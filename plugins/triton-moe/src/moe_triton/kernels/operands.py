@@ -21,6 +21,42 @@ CHUNK = tl.constexpr(64)
 HALF = tl.constexpr(32)
 
 
+#: PTX for 4 bytes -> 4 scaled bf16 (two bf16x2 registers) of one nibble, the bits of ``_e2m1_half``
+#: times the folded scale: prmt spreads bytes 0,1 (2,3) into the 16-bit lanes, the AND keeps the
+#: nibble, one multiply by 2**a + 2**b puts mag at bits 6..8 and the sign at bit 15 (the two copies
+#: never overlap, so no carries), the AND clears the rest, and a packed bf16x2 FMA with -0 applies
+#: the scale (exact: powers of two; bf16 FMA keeps subnormals). 10 ops per 4 values.
+_E2M1_ASM = """{{
+.reg .b32 t0, t1, nz;
+mov.b32 nz, 0x80008000;
+prmt.b32 t0, $2, 0, 0x4140;
+prmt.b32 t1, $2, 0, 0x4342;
+and.b32 t0, t0, {mask};
+and.b32 t1, t1, {mask};
+mul.lo.u32 t0, t0, {mult};
+mul.lo.u32 t1, t1, {mult};
+and.b32 t0, t0, 0x81C081C0;
+and.b32 t1, t1, 0x81C081C0;
+fma.rn.bf16x2 $0, t0, $3, nz;
+fma.rn.bf16x2 $1, t1, $4, nz;
+}}"""
+E2M1_LO_ASM = tl.constexpr(_E2M1_ASM.format(mask="0x000F000F", mult="0x1040"))
+E2M1_HI_ASM = tl.constexpr(_E2M1_ASM.format(mask="0x00F000F0", mult="0x0104"))
+
+
+@triton.jit
+def _e2m1_scaled_asm(packed, scale, HIGH: tl.constexpr):
+    """CUDA-only, bf16: ``_scaled(_e2m1_half(packed, HIGH), scale)`` in inline PTX, 4 bytes per call."""
+    s = tl.broadcast_to(scale[None, :], packed.shape)
+    if HIGH:
+        out = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [packed, s], dtype=tl.bfloat16, is_pure=True,
+                                        pack=4)  # fmt: skip
+    else:
+        out = tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,=r,r,r,r", [packed, s], dtype=tl.bfloat16, is_pure=True,
+                                        pack=4)  # fmt: skip
+    return out
+
+
 @triton.jit
 def _e2m1_half(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr):
     """One nibble of each E2M1 byte as ``value * 2**-126``, built with bit ops only.
@@ -62,12 +98,13 @@ def _scaled(w, scale, DTYPE: tl.constexpr):
 @triton.jit
 def _mxfp4_chunk(
     w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
-    DTYPE: tl.constexpr,
+    DTYPE: tl.constexpr, DECODE_ASM: tl.constexpr,
 ):  # fmt: skip
     """Both halves ``[32, BLOCK_N]`` of the prepared MXFP4 chunk starting at K row ``kc`` (a multiple of 64).
 
     One byte load feeds both halves; each half is scaled by one ``[N]`` row of
     folded scales (group ``kc/32`` for the low half, the next for the high).
+    ``DECODE_ASM`` (CUDA, bf16 only) decodes with inline PTX instead of Triton bit ops.
     """
     j = tl.arange(0, HALF)
     s_ok = n_ok & (kc + 0 * n < K)  # a tensor compare: the interpreter cannot mask with tensor & scalar bool
@@ -79,8 +116,12 @@ def _mxfp4_chunk(
     s_row = s_ptr + expert * stride_se + (kc // 32) * stride_sg + n * stride_sn
     s_lo = tl.load(s_row, mask=s_ok, other=0.0)
     s_hi = tl.load(s_row + stride_sg, mask=s_ok, other=0.0)
-    lo = _scaled(_e2m1_half(packed, False, DTYPE), s_lo, DTYPE)
-    hi = _scaled(_e2m1_half(packed, True, DTYPE), s_hi, DTYPE)
+    if DECODE_ASM and DTYPE == tl.bfloat16:
+        lo = _e2m1_scaled_asm(packed, s_lo, False)
+        hi = _e2m1_scaled_asm(packed, s_hi, True)
+    else:
+        lo = _scaled(_e2m1_half(packed, False, DTYPE), s_lo, DTYPE)
+        hi = _scaled(_e2m1_half(packed, True, DTYPE), s_hi, DTYPE)
     return lo, hi
 
 
