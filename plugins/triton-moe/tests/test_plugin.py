@@ -107,17 +107,22 @@ def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
     configs._select.cache_clear()
 
 
-def test_custom_op_opcheck():
+@pytest.mark.parametrize("quantized", [False, True])
+def test_custom_op_opcheck(quantized):
     from moe_core.synthetic import random_inputs, random_weights
     from moe_triton import launch
+    from moe_triton.layout import prepare_weights
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    cfg = MoeConfig(4, 2, 64, 32, quant_scheme={torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype], dtype=dtype)
-    w = random_weights(cfg, device)
+    scheme = "mxfp4" if quantized else {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    act = "swiglu_oai" if quantized else "silu"
+    cfg = MoeConfig(4, 2, 64, 64, quant_scheme=scheme, activation=act, has_bias=quantized, dtype=dtype)
+    w = prepare_weights(scheme, random_weights(cfg, device))
     x, ids, tw = random_inputs(cfg, 5, device)
     out = torch.empty(5, 64, dtype=dtype, device=device)
-    args = (x, ids, tw, w.w13, w.w2, None, None, None, None, out, cfg.quant_scheme, "silu", 1.702, 7.0, False)
+    args = (x, ids, tw, w.w13, w.w2, w.w13_scale, w.w2_scale, w.b13, w.b2, out, scheme, act, 1.702, 7.0, False,
+            w.w13_mult, w.w2_mult)  # fmt: skip
     torch.library.opcheck(
         launch.fused_moe, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )

@@ -1,7 +1,15 @@
-"""Compile the moe_triton kernels for sm90 on a CPU (frontend + ptxas), to catch errors without a GPU.
+"""Compile every moe_triton kernel variant for sm90 on a CPU (frontend + ptxas), to catch errors without a GPU.
 
 Run without TRITON_INTERPRET (the interpreter replaces @triton.jit functions).
+The H200 runs Triton 3.6, stricter than the 3.9 used here, so every constexpr
+branch the forward can take is compiled: each scheme x activation x bias x
+split-K (GEMM1 partials / GEMM2 prologue), the MXFP4 chunk loop at BLOCK_K
+64/128/256, and the fp16/fp32 activations of the interpreter tests.
+``--dump DIR`` writes each variant's TTGIR/PTX there (to inspect layouts).
 """
+
+import sys
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -10,34 +18,30 @@ from triton.compiler import ASTSource
 from moe_triton.kernels import align, gemm
 
 target = GPUTarget("cuda", 90, 32)
+DUMP = Path(sys.argv[sys.argv.index("--dump") + 1]) if "--dump" in sys.argv else None
+WEIGHTS = {0: ("bf16", "bf16"), 1: ("fp8e4nv", "fp32"), 2: ("u8", "bf16")}  # scheme -> (weight, scale) dtypes
 
 
 def sig_of(fn, types, constexprs):
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = types(name)
-    return sig
+    return {name: "constexpr" if name in constexprs else types(name) for name in fn.arg_names}
 
 
-def gemm_types(dt, wdt, sdt):
+def gemm_types(dt, wdt, sdt, out_dt=None):
     def t(name):
-        if name == "x_ptr" or name == "a_ptr":
+        if name in ("x_ptr", "bias_ptr", "b13_ptr"):
             return f"*{dt}"
+        if name == "a_ptr":
+            return f"*{out_dt or dt}"
         if name == "w_ptr":
             return f"*{wdt}"
         if name == "s_ptr":
             return f"*{sdt}"
-        if name == "bias_ptr":
-            return f"*{dt}"
-        if name == "topk_w_ptr":
+        if name in ("topk_w_ptr", "mult_ptr"):
             return "*fp32"
         if name in ("sorted_ptr", "block_expert_ptr", "offsets_ptr"):
             return "*i32"
         if name == "out_ptr":
-            return f"*{dt}"
+            return f"*{out_dt or dt}"
         if name in ("alpha", "limit"):
             return "fp32"
         return "i32"
@@ -45,71 +49,73 @@ def gemm_types(dt, wdt, sdt):
     return t
 
 
-ok = 0
-for scheme, wdt, sdt in ((0, "bf16", "bf16"), (1, "fp8e4nv", "fp32"), (2, "u8", "u8")):
+compiled = 0
+
+
+def build(fn, types, constexprs, tag, num_warps=4, num_stages=3):
+    global compiled
+    src = ASTSource(fn, sig_of(fn, types, constexprs), constexprs)
+    k = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    if DUMP is not None:
+        DUMP.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (DUMP / f"{tag}.{ext}").write_text(k.asm[ext])
+    compiled += 1
+
+
+def weight_types(scheme, dt):
+    wdt, sdt = WEIGHTS[scheme]
+    return (dt, dt) if scheme == 0 else (wdt, sdt)
+
+
+def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False):
+    wdt, sdt = weight_types(scheme, dt)
+    c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
+             PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=16,
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8)  # fmt: skip
+    out = "fp32" if split > 1 else dt
+    tag = f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+    build(gemm._gemm1, gemm_types(dt, wdt, sdt, out), c, tag)
+
+
+def gemm2(scheme, act=0, bias=True, split=1, dt="bf16", block_k=128, by_token=False, asm=False):
+    wdt, sdt = weight_types(scheme, dt)
+    c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, HAS_BIAS13=bias and split > 1,
+             ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token, PRECISION="ieee" if dt == "fp32" else "tf32",
+             SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=16, BLOCK_N=64, BLOCK_K=block_k, GROUP_M=8)  # fmt: skip
+    types = gemm_types(dt, wdt, sdt)
+    a_dt = "fp32" if split > 1 else dt
+    tag = f"g2_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+    build(gemm._gemm2, lambda n: f"*{a_dt}" if n == "a_ptr" else types(n), c, tag)
+
+
+for scheme in (0, 1, 2):
     for act in (0, 1, 2):
         for bias in (False, True):
-            c1 = dict(
-                TOP_K=2,
-                SCHEME=scheme,
-                ACTIVATION=act,
-                HAS_BIAS=bias,
-                ROUTER_ON_INPUT=False,
-                PRECISION="tf32",
-                BLOCK_M=16,
-                BLOCK_N=64,
-                BLOCK_K=128,
-                GROUP_M=8,
-            )
-            src = ASTSource(gemm._gemm1, sig_of(gemm._gemm1, gemm_types("bf16", wdt, sdt), c1), c1)
-            triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3})
-            ok += 1
-    c2 = dict(
-        TOP_K=2,
-        SCHEME=scheme,
-        HAS_BIAS=True,
-        ROUTER_ON_INPUT=False,
-        OUT_BY_TOKEN=False,
-        PRECISION="tf32",
-        BLOCK_M=16,
-        BLOCK_N=64,
-        BLOCK_K=128,
-        GROUP_M=8,
-    )
-    src = ASTSource(gemm._gemm2, sig_of(gemm._gemm2, gemm_types("bf16", wdt, sdt), c2), c2)
-    triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3})
-    ok += 1
+            for split in (1, 4):
+                gemm1(scheme, act, bias, split)
+    for split in (1, 4):
+        for bias in (False, True):
+            gemm2(scheme, 2 if split > 1 else 0, bias, split)
+    gemm1(scheme, 0, False, 1, router=True)
+    gemm2(scheme, 0, True, 1, by_token=True)
+for block_k in (64, 256):  # MXFP4 chunk loop unrolled 1x and 4x (128 above)
+    gemm1(2, 2, True, 1, block_k=block_k)
+    gemm1(2, 2, True, 2, block_k=block_k)
+    gemm2(2, 2, True, 2, block_k=block_k)
+for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (MOE_TRITON_MXFP4_ASM=1)
+    for split in (1, 2):
+        gemm1(2, 2, True, split, block_k=block_k, asm=True)
+        gemm2(2, 2, True, split, block_k=block_k, asm=True)
+for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
+    gemm1(2, 2, True, 1, dt=dt)
+    gemm1(0, 0, False, 2, dt=dt)
+    gemm2(2, 2, True, 2, dt=dt)
+
+i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
 cp = dict(E=256, E_POW2=512, BLOCK_M=16, CHUNK=64)
-src = ASTSource(align._plan, sig_of(align._plan, lambda n: "*i32" if n.endswith("_ptr") else "i32", cp), cp)
-triton.compile(src, target=target, options={"num_warps": 4})
-ok += 1
-src = ASTSource(
-    align._plan_and_scatter, sig_of(align._plan_and_scatter, lambda n: "*i32" if n.endswith("_ptr") else "i32", cp), cp
-)
-triton.compile(src, target=target, options={"num_warps": 4})
-ok += 1
-for dt in ("fp16", "fp32"):
-    c1 = dict(
-        TOP_K=4,
-        SCHEME=2,
-        ACTIVATION=2,
-        HAS_BIAS=True,
-        ROUTER_ON_INPUT=False,
-        PRECISION="ieee",
-        BLOCK_M=16,
-        BLOCK_N=64,
-        BLOCK_K=128,
-        GROUP_M=8,
-    )
-    src = ASTSource(gemm._gemm1, sig_of(gemm._gemm1, gemm_types(dt, "u8", "u8"), c1), c1)
-    triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3})
-    ok += 1
-cs = dict(CHUNK=256)
-src = ASTSource(align._scatter, sig_of(align._scatter, lambda n: "*i32" if n.endswith("_ptr") else "i32", cs), cs)
-triton.compile(src, target=target, options={"num_warps": 4})
-ok += 1
-cr = dict(TOP_K=8, BLOCK_N=1024)
-src = ASTSource(gemm._sum_slots, sig_of(gemm._sum_slots, lambda n: "*bf16" if n.endswith("_ptr") else "i32", cr), cr)
-triton.compile(src, target=target, options={"num_warps": 4})
-ok += 1
-print("compiled", ok, "kernels for sm90")
+build(align._plan, i32, cp, "plan")
+build(align._plan_and_scatter, i32, cp, "plan_and_scatter")
+build(align._scatter, i32, dict(CHUNK=256), "scatter")
+build(gemm._sum_slots, lambda n: "*bf16" if n.endswith("_ptr") else "i32", dict(TOP_K=8, BLOCK_N=1024), "sum_slots")
+print("compiled", compiled, "kernels for sm90")

@@ -2,7 +2,10 @@
 # One device call for moe-triton on the lent H200 (torch 2.11+cu130, triton 3.6, no network):
 #   install core + plugin, GPU tests (conformance on CUDA, CUDA graph, torch.compile),
 #   `moe check triton`, `moe bench` (triton, optionally torch), optional tuning.
-# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [bench] [bench-quant] [bench-torch] [tune SCHEME PRESET...]
+#   `ab`: quick decode A/B (M=1,8): mxfp4 (Triton bit-op decode and inline-PTX decode, MOE_TRITON_MXFP4_ASM=1)
+#   vs bf16 on gpt-oss, fp8_block vs bf16 on deepseek, bf16 qwen3, each with split-K as configured (auto) and
+#   forced off (MOE_TRITON_SPLIT_K=1); a summary table at the end (ab-summary.txt).
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [ab] [bench] [bench-quant] [bench-torch] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,6 +18,20 @@ while [ $# -gt 0 ]; do
       python3 -m pytest plugins/triton-moe/tests -q -x -rs 2>&1 | tail -15 | tee "$OUT/pytest-triton.txt"
       moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
       python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+      shift ;;
+    ab)
+      # label scheme preset asm; each run twice: split-K as configured (split0) and forced off (split1)
+      for split in 0 1; do
+        for spec in "bf16 bf16 gpt-oss-120b 0" "mxfp4 mxfp4 gpt-oss-120b 0" "mxfp4asm mxfp4 gpt-oss-120b 1" \
+                    "bf16 bf16 deepseek-v3-tp8 0" "fp8_block fp8_block deepseek-v3-tp8 0" "bf16 bf16 qwen3-30b-a3b 0"; do
+          read -r label scheme preset asm <<< "$spec"
+          f="$OUT/ab-$label-$preset-split$split"
+          MOE_TRITON_SPLIT_K=$split MOE_TRITON_MXFP4_ASM=$asm moe bench --backend triton --scheme "$scheme" \
+            --preset "$preset" --tokens 1,8 --output "$f.json" > /dev/null 2> "$f.err" \
+            || { echo "ab $label $preset split=$split FAILED"; tail -5 "$f.err"; }
+        done
+      done
+      python3 plugins/triton-moe/tools/ab_summary.py "$OUT" | tee "$OUT/ab-summary.txt"
       shift ;;
     bench)
       moe bench --backend triton --output "$OUT/bench-triton-bf16.json" | tail -25
@@ -30,7 +47,7 @@ while [ $# -gt 0 ]; do
       shift ;;
     tune)
       scheme=$2; shift 2; presets=()
-      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != bench* && "$1" != tune ]]; do presets+=(--preset "$1"); shift; done
+      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != ab && "$1" != bench* && "$1" != tune ]]; do presets+=(--preset "$1"); shift; done
       timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" 2>&1 | tail -60
       cp plugins/triton-moe/src/moe_triton/configs/*.json "$OUT/" 2>/dev/null ;;
     *) echo "unknown step $1"; exit 2 ;;

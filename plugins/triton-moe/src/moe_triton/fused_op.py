@@ -77,19 +77,20 @@ class TritonFusedOp(FusedOp):
 
         self._fused_moe = launch.fused_moe
 
-    def prepare(self, weights: MoeWeights) -> MoeWeights:
-        # Kernels read the canonical layout directly (strides are passed), so
-        # preparing is making every tensor contiguous once.
-        return MoeWeights(**{k: v.contiguous() for k, v in weights.tensors().items()})
+    def prepare(self, weights: MoeWeights):  # -> moe_triton.layout.TritonWeights
+        """Contiguous copies; MXFP4 is re-laid out for the kernels once here (``moe_triton.layout``)."""
+        from moe_triton.layout import prepare_weights
 
-    def apply(self, hidden_states, topk_ids, topk_weights, prepared: MoeWeights, out=None):
+        return prepare_weights(self.config.quant_scheme, weights)
+
+    def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
         cfg = self.config
         if out is None:
             out = torch.empty(hidden_states.shape[0], cfg.hidden_size, dtype=cfg.dtype, device=hidden_states.device)
         self._fused_moe(
             hidden_states, topk_ids, topk_weights, prepared.w13, prepared.w2, prepared.w13_scale,
             prepared.w2_scale, prepared.b13, prepared.b2, out, cfg.quant_scheme, cfg.activation,
-            cfg.swiglu_alpha, cfg.swiglu_limit, cfg.apply_router_weight_on_input,
+            cfg.swiglu_alpha, cfg.swiglu_limit, cfg.apply_router_weight_on_input, prepared.w13_mult, prepared.w2_mult,
         )  # fmt: skip
         return out
 

@@ -1,11 +1,17 @@
 """The fused MoE forward as one ``torch.library`` custom op: ``moe_triton::fused_moe``.
 
 Launch sequence (all on the current stream, no host synchronisation, so it
-can be captured in a CUDA graph): align (2 small kernels) -> GEMM1 with the
+can be captured in a CUDA graph): align (1-2 small kernels) -> GEMM1 with the
 activation in its epilogue -> GEMM2 with bias and routing weight in its
-epilogue -> sum over the k slots (skipped when k == 1). Registered as a custom
-op with a fake implementation so ``torch.compile(fullgraph=True)`` treats the
-whole forward as one opaque node.
+epilogue -> sum over the k slots (skipped when k == 1). With split-K (decode)
+GEMM1 writes fp32 partials to a workspace sized from the shapes alone and
+GEMM2's prologue reduces them, so the launch count is unchanged. Registered as
+a custom op with a fake implementation so ``torch.compile(fullgraph=True)``
+treats the whole forward as one opaque node.
+
+Weights are the prepared ones (``moe_triton.layout.TritonWeights``): for mxfp4
+the chunked packed layout, folded bf16 scales ``[E, Kp/32, N]`` and the
+per-expert multipliers ``w13_mult``/``w2_mult``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from moe_triton.configs import GemmConfig, KernelConfig, select_config
+from moe_triton import configs
+from moe_triton.configs import GemmConfig, KernelConfig, resolve_split_k, sanitize, select_config
 from moe_triton.kernels import align as align_mod
 from moe_triton.kernels import gemm
 
@@ -27,54 +34,95 @@ SCHEME_IDS = {
 ACTIVATION_IDS = {"silu": gemm.SILU, "gelu": gemm.GELU, "swiglu_oai": gemm.SWIGLU_OAI}
 
 
-def _strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
-    return tuple(t.stride()) if t is not None else (0, 0, 0)
+def _scale_strides(s: torch.Tensor | None, scheme: str) -> tuple[int, int, int]:
+    """(expert, n, k) strides of a scale tensor; mxfp4's prepared scales are stored ``[E, K-group, N]``."""
+    if s is None:
+        return (0, 0, 0)
+    if scheme == "mxfp4":
+        return (s.stride(0), s.stride(2), s.stride(1))
+    return tuple(s.stride())
 
 
 def _bias_strides(b: torch.Tensor | None) -> tuple[int, int]:
     return (b.stride(0), b.stride(1)) if b is not None else (0, 0)
 
 
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
+    """Inline-PTX MXFP4 decode: opted in (``configs.MXFP4_DECODE_ASM``), CUDA, bf16 activations."""
+    return configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
+
+
+def split_workspace(split_k: int, rows: int, inter: int, device) -> torch.Tensor:
+    """GEMM1's fp32 partial sums ``[split_k, rows, 2I]`` (only rows holding a pair are written and read)."""
+    return torch.empty(split_k, rows, 2 * inter, dtype=torch.float32, device=device)
+
+
 def launch_gemm1(
-    x, w13, w13_scale, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
+    x, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, out,
     scheme: str, activation: str, alpha: float, limit: float, router_on_input: bool, top_k: int,
-    block_m: int, g: GemmConfig,
+    block_m: int, g: GemmConfig, split_k: int = 1,
 ) -> None:  # fmt: skip
-    """GEMM1 + activation into ``intermediate`` ``[num_blocks * block_m, I]``."""
+    """GEMM1 into ``out``: the activated intermediate ``[rows, I]``, or with ``split_k > 1``
+    the fp32 partials ``[split_k, rows, 2I]`` (see ``split_workspace``)."""
     num_m = block_expert.numel()
-    inter = intermediate.shape[1]
+    inter = w13.shape[1] // 2
     num_experts = w13.shape[0]
-    gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n),)](
-        x, w13, w13_scale if w13_scale is not None else w13, b13 if b13 is not None else x, topk_weights,
-        sorted_ids, block_expert, offsets, intermediate,
+    split_stride = out.stride(0) if split_k > 1 else 0
+    o_m, o_n = (out.stride(1), out.stride(2)) if split_k > 1 else (out.stride(0), out.stride(1))
+    gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
+        x, w13, w13_scale if w13_scale is not None else w13, w13_mult if w13_mult is not None else topk_weights,
+        b13 if b13 is not None else x, topk_weights, sorted_ids, block_expert, offsets, out,
         topk_weights.numel(), num_m, inter, x.shape[1], num_experts, float(alpha), float(limit),
-        x.stride(0), x.stride(1), *w13.stride(), *_strides3(w13_scale), *_bias_strides(b13),
-        intermediate.stride(0), intermediate.stride(1),
+        x.stride(0), x.stride(1), *w13.stride(), *_scale_strides(w13_scale, scheme), *_bias_strides(b13),
+        split_stride, o_m, o_n,
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b13 is not None,
-        ROUTER_ON_INPUT=router_on_input, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        ROUTER_ON_INPUT=router_on_input, PRECISION=_precision(x.dtype), SPLIT_K=split_k,
+        DECODE_ASM=_decode_asm(scheme, x), BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
         num_warps=g.num_warps, num_stages=g.num_stages,
     )  # fmt: skip
 
 
 def launch_gemm2(
-    intermediate, w2, w2_scale, b2, topk_weights, sorted_ids, block_expert, offsets, y,
-    scheme: str, router_on_input: bool, top_k: int, block_m: int, g: GemmConfig, by_token: bool,
+    a, w2, w2_scale, w2_mult, b2, b13, topk_weights, sorted_ids, block_expert, offsets, y,
+    scheme: str, activation: str, alpha: float, limit: float, router_on_input: bool, top_k: int,
+    block_m: int, g: GemmConfig, by_token: bool, split_k: int = 1,
 ) -> None:  # fmt: skip
-    """GEMM2 + bias + routing weight into ``y``: ``[M*k, H]``, or ``[M, H]`` when ``by_token``."""
+    """GEMM2 + bias + routing weight into ``y``: ``[M*k, H]``, or ``[M, H]`` when ``by_token``.
+
+    ``a`` is GEMM1's output: the intermediate, or its partials when ``split_k > 1``
+    (then ``b13`` and the activation are applied here).
+    """
     num_m = block_expert.numel()
     h = y.shape[1]
+    if split_k > 1:
+        inter, a_strides = a.shape[2] // 2, tuple(a.stride())
+    else:
+        inter, a_strides = a.shape[1], (0, *a.stride())
+    use_b13 = split_k > 1 and b13 is not None
     gemm._gemm2[(num_m * triton.cdiv(h, g.block_n),)](
-        intermediate, w2, w2_scale if w2_scale is not None else w2, b2 if b2 is not None else intermediate,
-        topk_weights, sorted_ids, block_expert, offsets, y,
-        topk_weights.numel(), num_m, h, intermediate.shape[1], w2.shape[0],
-        intermediate.stride(0), intermediate.stride(1), *w2.stride(), *_strides3(w2_scale), *_bias_strides(b2),
-        y.stride(0), y.stride(1),
-        TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], HAS_BIAS=b2 is not None, ROUTER_ON_INPUT=router_on_input,
-        OUT_BY_TOKEN=by_token, PRECISION="ieee" if intermediate.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        a, w2, w2_scale if w2_scale is not None else w2, w2_mult if w2_mult is not None else topk_weights,
+        b2 if b2 is not None else y, b13 if use_b13 else y, topk_weights, sorted_ids, block_expert, offsets, y,
+        topk_weights.numel(), num_m, h, inter, w2.shape[0], float(alpha), float(limit),
+        *a_strides, *w2.stride(), *_scale_strides(w2_scale, scheme), *_bias_strides(b2),
+        *_bias_strides(b13 if use_b13 else None), y.stride(0), y.stride(1),
+        TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b2 is not None,
+        HAS_BIAS13=use_b13, ROUTER_ON_INPUT=router_on_input, OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype),
+        SPLIT_K=split_k, DECODE_ASM=_decode_asm(scheme, y), BLOCK_M=block_m, BLOCK_N=g.block_n,
+        BLOCK_K=g.block_k, GROUP_M=g.group_m,
         num_warps=g.num_warps, num_stages=g.num_stages,
     )  # fmt: skip
+
+
+def _check_prepared(scheme: str, w13_scale, w13_mult) -> None:
+    if scheme == "mxfp4" and (w13_scale is None or w13_scale.dtype != torch.bfloat16 or w13_mult is None):
+        raise ValueError(
+            "moe_triton::fused_moe needs mxfp4 weights in the prepared layout (moe_triton.layout.prepare_weights: "
+            "chunked packed bytes, folded bf16 scales and w13_mult/w2_mult), not the canonical uint8 scales"
+        )
 
 
 def run_fused_moe(
@@ -93,25 +141,34 @@ def run_fused_moe(
     alpha: float,
     limit: float,
     router_on_input: bool,
+    w13_mult: torch.Tensor | None = None,
+    w2_mult: torch.Tensor | None = None,
     config: KernelConfig | None = None,
 ) -> None:
-    """Compute the routed-expert output into ``out`` ([M, H], contiguous)."""
+    """Compute the routed-expert output into ``out`` ([M, H], contiguous) from prepared weights."""
+    _check_prepared(scheme, w13_scale, w13_mult)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     num_experts = w13.shape[0]
-    inter = w2.shape[2] * (2 if scheme == "mxfp4" else 1)
+    inter = w13.shape[1] // 2
     if m == 0:
         return
-    cfg = config or select_config(scheme, num_experts, h, inter, top_k, m, x.device)
+    cfg = sanitize(config or select_config(scheme, num_experts, h, inter, top_k, m, x.device), scheme)
+    split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
     sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m)
     topk_weights = topk_weights.reshape(-1).contiguous()
-    intermediate = torch.empty(block_expert.numel() * cfg.block_m, inter, dtype=x.dtype, device=x.device)
-    launch_gemm1(x, w13, w13_scale, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate, scheme,
-                 activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1)  # fmt: skip
+    rows = block_expert.numel() * cfg.block_m
+    if split > 1:
+        intermediate = split_workspace(split, rows, inter, x.device)
+    else:
+        intermediate = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
+    launch_gemm1(x, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
+                 scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split)  # fmt: skip
     by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
-    launch_gemm2(intermediate, w2, w2_scale, b2, topk_weights, sorted_ids, block_expert, offsets, y, scheme,
-                 router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token)  # fmt: skip
+    launch_gemm2(intermediate, w2, w2_scale, w2_mult, b2, b13, topk_weights, sorted_ids, block_expert, offsets, y,
+                 scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token,
+                 split)  # fmt: skip
     if not by_token:
         block = min(1024, triton.next_power_of_2(h))
         gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, h, y.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block)
@@ -134,15 +191,17 @@ def fused_moe(
     alpha: float,
     limit: float,
     router_on_input: bool,
+    w13_mult: torch.Tensor | None = None,
+    w2_mult: torch.Tensor | None = None,
 ) -> None:
     """Routed-expert output of a MoE layer into ``out`` (see ``run_fused_moe``)."""
     run_fused_moe(
         x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13, b2, out, scheme, activation, alpha, limit,
-        router_on_input,
+        router_on_input, w13_mult, w2_mult,
     )  # fmt: skip
 
 
 @fused_moe.register_fake
 def _(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13, b2, out, scheme, activation, alpha, limit,
-      router_on_input) -> None:  # fmt: skip
+      router_on_input, w13_mult=None, w2_mult=None) -> None:  # fmt: skip
     return None

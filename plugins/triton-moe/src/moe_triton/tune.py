@@ -6,6 +6,12 @@ candidate BLOCK_M the alignment runs once, then each GEMM's candidates are
 timed as CUDA-graph replays (``triton.testing.do_bench_cudagraph``) and the
 fastest kept. Candidate lists are short and regime-specific (decode, medium,
 large rows per expert) so a preset tunes in minutes, not hours.
+
+In the decode regime split-K is tuned too: for each split in ``SPLITS`` GEMM1
+(writing partials) and GEMM2 (reducing them in its prologue) are re-timed on
+the few tiles that were fastest unsplit, and the split with the smallest sum
+wins (1 = off is always a candidate). Weights are prepared first
+(``moe_triton.layout``), as the runner does.
 """
 
 from __future__ import annotations
@@ -18,7 +24,16 @@ from pathlib import Path
 import torch
 import triton
 
-from moe_triton.configs import GemmConfig, KernelConfig, device_slug, heuristic_config, min_block_k, table_key
+from moe_triton import launch
+from moe_triton.configs import (
+    GemmConfig,
+    KernelConfig,
+    device_slug,
+    heuristic_config,
+    min_block_k,
+    sanitize,
+    table_key,
+)
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
@@ -31,6 +46,10 @@ _MEDIUM = [
     (64, 64, 4, 3), (128, 128, 4, 3),
 ]  # fmt: skip
 _LARGE = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
+#: K splits tried at decode (re-timing the fastest unsplit tiles)
+SPLITS = (2, 4, 8)
+#: how many of the fastest unsplit tiles each split re-times, per GEMM
+SPLIT_TOP = 4
 
 
 def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[GemmConfig]]]:
@@ -49,7 +68,7 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
         shapes = [(h.block_n, h.block_k, h.num_warps, h.num_stages), *shapes]
         gemms, seen = [], set()
         for bn, bk, w, s in shapes:
-            bk = 128 if scheme == "fp8_block" else max(bk, kmin)
+            bk = sanitize(KernelConfig(block_m, GemmConfig(bn, max(bk, kmin))), scheme).gemm1.block_k
             key = (bn, bk, w, s)
             if key not in seen:
                 seen.add(key)
@@ -62,14 +81,26 @@ def _bench(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
+def _time_split(run1, run2, rows: int, inter: int, dtype, device, split: int, gemms1, gemms2):
+    """Times of each GEMM1 / GEMM2 candidate at this split (GEMM2 reading GEMM1's output layout for it)."""
+    if split > 1:
+        a = launch.split_workspace(split, rows, inter, device).zero_()
+    else:
+        a = torch.zeros(rows, inter, dtype=dtype, device=device)
+    t1 = {c: _safe(_bench, functools.partial(run1, a, g=c, split_k=split)) for c in gemms1}
+    t2 = {c: _safe(_bench, functools.partial(run2, a, g=c, by_token=False, split_k=split)) for c in gemms2}
+    return t1, t2
+
+
 def tune_shape(config, weights, tokens: list[int], device, log=print) -> dict[int, KernelConfig]:
-    """Best KernelConfig per token count for one layer (MoeConfig + prepared weights)."""
+    """Best KernelConfig per token count for one layer (MoeConfig + prepared ``TritonWeights``)."""
     from moe_core.synthetic import random_inputs
-    from moe_triton import launch
     from moe_triton.kernels import align as align_mod
 
     scheme, e, h, i, k = (config.quant_scheme, config.num_experts, config.hidden_size,
                           config.intermediate_size, config.top_k)  # fmt: skip
+    w = weights
+    act = (config.activation, config.swiglu_alpha, config.swiglu_limit, config.apply_router_weight_on_input, k)
     result = {}
     for m in tokens:
         x, ids, tw = random_inputs(config, m, device)
@@ -77,27 +108,32 @@ def tune_shape(config, weights, tokens: list[int], device, log=print) -> dict[in
         best_total, best = float("inf"), None
         for block_m, gemms in candidates(scheme, m * k / e):
             sorted_ids, block_expert, offsets = align_mod.align(ids, e, block_m)
-            num_m = block_expert.numel()
-            inter = torch.empty(num_m * block_m, i, dtype=x.dtype, device=device)
+            rows = block_expert.numel() * block_m
             y = torch.empty(m * k, h, dtype=x.dtype, device=device)
 
-            run1 = functools.partial(
-                launch.launch_gemm1, x, weights.w13, weights.w13_scale, weights.b13, tw, sorted_ids, block_expert,
-                offsets, inter, scheme, config.activation, config.swiglu_alpha, config.swiglu_limit,
-                config.apply_router_weight_on_input, k, block_m,
-            )  # fmt: skip
-            run2 = functools.partial(
-                launch.launch_gemm2, inter, weights.w2, weights.w2_scale, weights.b2, tw, sorted_ids, block_expert,
-                offsets, y, scheme, config.apply_router_weight_on_input, k, block_m,
-            )  # fmt: skip
-            t1 = {c: _safe(_bench, functools.partial(run1, c)) for c in gemms}
-            c1 = min(t1, key=t1.get)
-            t2 = {c: _safe(_bench, functools.partial(run2, c, by_token=False)) for c in gemms}
-            c2 = min(t2, key=t2.get)
-            total = t1[c1] + t2[c2]
-            log(f"  M={m} BLOCK_M={block_m}: gemm1 {t1[c1] * 1e3:.1f} us {c1}, gemm2 {t2[c2] * 1e3:.1f} us {c2}")
-            if total < best_total:
-                best_total, best = total, KernelConfig(block_m, c1, c2)
+            def run1(a, g, split_k, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), x=x):
+                launch.launch_gemm1(x, w.w13, w.w13_scale, w.w13_mult, w.b13, *index, a, scheme, *act, block_m, g,
+                                    split_k)  # fmt: skip
+
+            def run2(a, g, by_token, split_k, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), y=y):
+                launch.launch_gemm2(a, w.w2, w.w2_scale, w.w2_mult, w.b2, w.b13, *index, y, scheme, *act, block_m, g,
+                                    by_token, split_k)  # fmt: skip
+
+            timing = functools.partial(_time_split, run1, run2, rows, i, x.dtype, device)
+            t1, t2 = timing(1, gemms, gemms)
+            trials = {1: (t1, t2)}
+            if m * k / e <= 16:  # decode: GEMM1 may not fill the GPU, try K splits on the best tiles
+                top1 = sorted(t1, key=t1.get)[:SPLIT_TOP]
+                top2 = sorted(t2, key=t2.get)[:SPLIT_TOP]
+                for split in SPLITS:
+                    trials[split] = timing(split, top1, top2)
+            for split, (t1, t2) in trials.items():
+                c1, c2 = min(t1, key=t1.get), min(t2, key=t2.get)
+                total = t1[c1] + t2[c2]
+                log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {t1[c1] * 1e3:.1f} us {c1}, "
+                    f"gemm2 {t2[c2] * 1e3:.1f} us {c2}")  # fmt: skip
+                if total < best_total:
+                    best_total, best = total, KernelConfig(block_m, c1, c2, split)
         result[m] = best
     return result
 
@@ -135,6 +171,7 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
     from moe_core import MoeConfig
     from moe_core.presets import PRESETS
     from moe_core.synthetic import random_weights
+    from moe_triton.layout import prepare_weights
 
     device = torch.device(device)
     dtype = (
@@ -147,7 +184,7 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
         p = PRESETS[name]
         cfg = MoeConfig(p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, quant_scheme=scheme,
                         activation=p.activation, has_bias=p.has_bias, dtype=dtype)  # fmt: skip
-        weights = random_weights(cfg, device)
+        weights = prepare_weights(scheme, random_weights(cfg, device))
         log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device)}")
         t0 = time.time()
         key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)

@@ -5,14 +5,19 @@ A table file ``<device>.json`` (device name with non-alphanumerics replaced by
 scheme, each mapping token counts M to a ``KernelConfig``; a forward with M
 tokens uses the entry whose M is nearest (as vLLM's tables do). Shapes that
 no table covers get ``heuristic_config``. ``moe tune triton`` writes tables.
+
+``split_k`` (GEMM1's K split, reduced in GEMM2's prologue) is 0 = "decide at
+launch" (``resolve_split_k``) in the heuristic and in table entries written
+before the knob existed; a tuned entry may pin it (1 = off).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -30,18 +35,23 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """BLOCK_M is shared (the alignment pads to it); each GEMM has its own tiles."""
+    """BLOCK_M is shared (the alignment pads to it); each GEMM has its own tiles.
+
+    ``split_k``: GEMM1's K split (0 = auto at launch, 1 = off); it changes GEMM2
+    too (its prologue sums the partials), so it lives here, not in a GemmConfig.
+    """
 
     block_m: int = 64
     gemm1: GemmConfig = field(default_factory=GemmConfig)
     gemm2: GemmConfig = field(default_factory=GemmConfig)
+    split_k: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> KernelConfig:
-        return cls(d["block_m"], GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]))
+        return cls(d["block_m"], GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]), int(d.get("split_k", 0)))
 
 
 def device_slug(device: torch.device) -> str:
@@ -54,9 +64,70 @@ def table_key(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int
     return f"{scheme},E={num_experts},H={hidden},I={inter},k={top_k}"
 
 
+#: split-K applies only while the (token, slot) pairs are this few (decode); above it the
+#: partials' traffic grows with the rows and GEMM1 has enough programs anyway
+SPLIT_K_MAX_PAIRS = 128
+#: largest K split tried
+SPLIT_K_MAX = 8
+#: ``MOE_TRITON_SPLIT_K=N`` forces GEMM1's K split for every forward of the process (1 = off), for
+#: A/B timing; unset or 0 = as configured. Read once at import.
+SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
+#: ``MOE_TRITON_MXFP4_ASM=1``: decode MXFP4 with inline PTX (CUDA, bf16 activations) instead of Triton bit
+#: ops. Off by default until measured on the H200; read at import (tests may patch it).
+MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "0") == "1"
+
+
 def min_block_k(scheme: str) -> int:
-    """fp8_block quantizes activations per 128 columns inside one K tile."""
-    return 128 if scheme == "fp8_block" else 32 if scheme == "mxfp4" else 16
+    """fp8_block quantizes activations per 128 columns inside one K tile; mxfp4 walks 64-wide prepared chunks."""
+    return 128 if scheme == "fp8_block" else 64 if scheme == "mxfp4" else 16
+
+
+def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
+    """Make BLOCK_K legal for the scheme (fp8_block: 128; mxfp4: a multiple of 64), e.g. for an older table."""
+
+    def fix(g: GemmConfig) -> GemmConfig:
+        if scheme == "fp8_block":
+            bk = 128
+        else:
+            step = min_block_k(scheme)
+            bk = max(step, -(-g.block_k // step) * step)
+        return g if bk == g.block_k else replace(g, block_k=bk)
+
+    return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2))
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 elsewhere (no automatic split-K on the CPU)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_k_for(pairs: int, num_experts: int, hidden: int, inter: int, block_n: int, block_k: int, sms: int) -> int:
+    """Automatic GEMM1 K split: >1 only at decode when GEMM1 would not fill the SMs.
+
+    GEMM1 runs about ``min(E, pairs) x ceil(I / BLOCK_N)`` programs with work; if
+    that is below the SM count the smallest power of two that reaches it is
+    chosen, capped at ``SPLIT_K_MAX`` and at two BLOCK_K tiles of K per split.
+    """
+    if sms <= 0 or pairs > SPLIT_K_MAX_PAIRS:
+        return 1
+    programs = min(num_experts, pairs) * -(-inter // block_n)
+    split = 1
+    while programs * split < sms and split < SPLIT_K_MAX and hidden // (2 * split) >= 2 * block_k:
+        split *= 2
+    return split
+
+
+def resolve_split_k(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, m: int, cfg, device) -> int:
+    """The split this forward runs: the override, else the config's, else ``split_k_for`` (1 on the CPU)."""
+    if SPLIT_K_OVERRIDE > 0:
+        return SPLIT_K_OVERRIDE
+    if cfg.split_k > 0:
+        return cfg.split_k
+    g = cfg.gemm1
+    return split_k_for(m * top_k, num_experts, hidden, inter, g.block_n, g.block_k, sm_count(torch.device(device)))
 
 
 def heuristic_config(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, m: int) -> KernelConfig:

@@ -8,17 +8,22 @@ Both walk the block-padded, expert-sorted rows built by ``align``: program
   side by side, so the epilogue applies bias, the routing weight (when it
   scales the input) and the gated activation, and writes the intermediate
   ``[rows, I]`` once — no ``[rows, 2I]`` round trip through memory.
+  With ``SPLIT_K > 1`` (decode: too few (expert block, N tile) programs to
+  fill the GPU) each program covers one K slice and writes fp32 partials
+  ``[SPLIT_K, rows, 2I]``; bias and activation then move to GEMM2's prologue.
 - ``_gemm2``: the intermediate times ``w2``; the epilogue adds the bias,
   multiplies by the routing weight and writes each (token, slot) pair to its
   own row of ``[M*k, H]`` (a deterministic place; the k slots are summed by
-  ``reduce``) — or straight into the output when k == 1.
+  ``_sum_slots``) — or straight into the output when k == 1.
 
-Weights are read in their storage format and dequantized in the main loop:
-``SCHEME`` 0 = bf16/fp16/fp32 as stored; 1 = fp8_block (float8_e4m3fn with a
-fp32 scale per 128x128 block; the activation tile is quantized to fp8 per
-token per 128 columns on the fly, BLOCK_K = 128); 2 = mxfp4 W4A16 (E2M1 pairs
-in a byte, low nibble first, UE8M0 scale per 32 columns; decoded to the
-activation dtype before the dot).
+Weights are read in their prepared format (``moe_triton.layout``) and
+dequantized in the main loop: ``SCHEME`` 0 = bf16/fp16/fp32 as stored; 1 =
+fp8_block (float8_e4m3fn with a fp32 scale per 128x128 block; the activation
+tile is quantized to fp8 per token per 128 columns on the fly, BLOCK_K = 128);
+2 = mxfp4 W4A16 in the chunked layout: per 64-wide K chunk one byte tile is
+decoded into its low half (K rows 0..31 of the chunk) and high half (32..63)
+with bit ops, and two dots consume them — no nibble interleave. ``DECODE_ASM``
+(CUDA + bf16) swaps the Triton bit ops for inline PTX doing 4 bytes at a time.
 """
 
 from __future__ import annotations
@@ -26,12 +31,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FLOAT = tl.constexpr(0)
-FP8_BLOCK = tl.constexpr(1)
-MXFP4 = tl.constexpr(2)
-SILU = tl.constexpr(0)
-GELU = tl.constexpr(1)
-SWIGLU_OAI = tl.constexpr(2)
+from moe_triton.kernels.operands import (
+    CHUNK,
+    FLOAT,
+    FP8_BLOCK,
+    GELU,
+    HALF,
+    MXFP4,
+    SILU,
+    SWIGLU_OAI,
+    _activate,
+    _dense_tile,
+    _gemm2_a,
+    _mxfp4_chunk,
+    _quant_fp8_rows,
+    _rows_tile,
+)
+
+__all__ = ["FLOAT", "FP8_BLOCK", "GELU", "MXFP4", "SILU", "SWIGLU_OAI", "_gemm1", "_gemm2", "_sum_slots"]
 
 
 @triton.jit
@@ -47,84 +64,21 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_to_f32(code):
-    """E2M1 codes (0..15, uint8/int32) to float32: sign bit 3, magnitudes 0,.5,1,1.5,2,3,4,6."""
-    c = code.to(tl.int32)
-    mag = c & 7
-    # normal values (mag >= 2): exponent e = mag>>1 -> 126+e, mantissa bit = mag&1 -> bit 22
-    bits = tl.where(mag >= 2, (mag + 252) << 22, tl.where(mag == 1, 0x3F000000, 0))
-    bits = bits | ((c & 8) << 28)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _ue8m0_to_f32(s):
-    """UE8M0 scale bytes to float32 2^(s-127) (0 -> 0.0, which only all-zero blocks use)."""
-    return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _quant_fp8_rows(a):
-    """Per-row fp8 e4m3 quantization of a [BM, 128] tile: (codes, fp32 scale per row)."""
-    amax = tl.max(tl.abs(a.to(tl.float32)), axis=1)
-    scale = tl.maximum(amax, 1e-10) / 448.0
-    q = (a.to(tl.float32) / scale[:, None]).to(tl.float8e4nv)
-    return q, scale
-
-
-@triton.jit
-def _load_b(
-    w_ptr, s_ptr, expert, n, n_ok, k0, K,
-    stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    SCHEME: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr,
-):  # fmt: skip
-    """One [BLOCK_K, BLOCK_N] tile of an expert's weight (rows ``n`` of ``[N, K]``), transposed.
-
-    Returns the tile in the dtype the dot consumes and, for fp8, the per-column scale.
-    """
-    if SCHEME == MXFP4:
-        kk = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        mask = n_ok[None, :] & (kk[:, None] < K // 2)
-        packed = tl.load(
-            w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0
-        )
-        lo = _e2m1_to_f32(packed & 0xF)
-        hi = _e2m1_to_f32(packed >> 4)
-        w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_K, n.shape[0]))
-        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        smask = n_ok[None, :] & (kg[:, None] < K // 32)
-        sb = tl.load(s_ptr + expert * stride_se + n[None, :] * stride_sn + kg[:, None] * stride_sk, mask=smask, other=0)
-        scale = _ue8m0_to_f32(sb)
-        scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // 32, 32, n.shape[0])), (BLOCK_K, n.shape[0]))
-        tile = (w * scale).to(OUT_DTYPE)
-        col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
-    else:
-        kk = k0 + tl.arange(0, BLOCK_K)
-        mask = n_ok[None, :] & (kk[:, None] < K)
-        tile = tl.load(
-            w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0
-        )
-        if SCHEME == FP8_BLOCK:
-            col_scale = tl.load(
-                s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
-            )
-        else:
-            col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
-    return tile, col_scale
-
-
-@triton.jit
 def _gemm1(
-    x_ptr, w_ptr, s_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    x_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
     stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on,
+    stride_be, stride_bn, stride_os, stride_om, stride_on,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr,
+    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
+    """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales."""
     num_n = tl.cdiv(N_HALF, BLOCK_N)
-    pid_m, pid_n = _tile_ids(tl.program_id(0), num_m, num_n, GROUP_M)
+    tiles = num_m * num_n
+    pid = tl.program_id(0)
+    split = pid // tiles
+    pid_m, pid_n = _tile_ids(pid % tiles, num_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -137,58 +91,74 @@ def _gemm1(
     dot_dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(
-            x_ptr + token[:, None] * stride_xm + kk[None, :] * stride_xk,
-            mask=row_ok[:, None] & (kk[None, :] < K),
-            other=0.0,
-        )
-        bg, sg = _load_b(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                         stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
-        bu, su = _load_b(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                         stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
-        if SCHEME == FP8_BLOCK:
-            aq, a_scale = _quant_fp8_rows(a)
-            acc_g += tl.dot(aq, bg) * a_scale[:, None] * sg[None, :]
-            acc_u += tl.dot(aq, bu) * a_scale[:, None] * su[None, :]
+    # K slice of this program (all of K unless split): whole BLOCK_K tiles, so fp8
+    # blocks and MXFP4 chunks stay aligned
+    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = split * k_per
+    k_hi = tl.minimum(K, k_lo + k_per)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if SCHEME == MXFP4:
+            for c in tl.static_range(BLOCK_K // CHUNK):
+                kc = k0 + c * CHUNK
+                kk = kc + tl.arange(0, HALF)
+                a_lo = _rows_tile(x_ptr, token, row_ok, kk, K, stride_xm, stride_xk)
+                a_hi = _rows_tile(x_ptr, token, row_ok, kk + HALF, K, stride_xm, stride_xk)
+                g_lo, g_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM)  # fmt: skip
+                u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
+                                          stride_wk, stride_se, stride_sk, stride_sn, dot_dtype,
+                                          DECODE_ASM)  # fmt: skip
+                acc_g = tl.dot(a_lo, g_lo, acc_g, input_precision=PRECISION)
+                acc_g = tl.dot(a_hi, g_hi, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(a_lo, u_lo, acc_u, input_precision=PRECISION)
+                acc_u = tl.dot(a_hi, u_hi, acc_u, input_precision=PRECISION)
         else:
-            acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
+            a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
+            bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
+            bu, su = _dense_tile(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
+            if SCHEME == FP8_BLOCK:
+                aq, a_scale = _quant_fp8_rows(a)
+                acc_g += tl.dot(aq, bg) * a_scale[:, None] * sg[None, :]
+                acc_u += tl.dot(aq, bu) * a_scale[:, None] * su[None, :]
+            else:
+                acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
+    if SCHEME == MXFP4:  # undo the per-expert shift of the folded scales (1.0 for ordinary weights)
+        mult = tl.load(mult_ptr + expert)
+        acc_g = acc_g * mult
+        acc_u = acc_u * mult
     if ROUTER_ON_INPUT:
         w = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)
         acc_g = acc_g * w[:, None]
         acc_u = acc_u * w[:, None]
-    if HAS_BIAS:
-        acc_g += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        acc_u += tl.load(bias_ptr + expert * stride_be + (n + N_HALF) * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[
-            None, :
-        ]
-    if ACTIVATION == SILU:
-        h = acc_g * tl.sigmoid(acc_g) * acc_u
-    elif ACTIVATION == GELU:
-        h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u
+    out_rows = out_ptr + split * stride_os + rows.to(tl.int64)[:, None] * stride_om
+    out_mask = row_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            bias = bias_ptr + expert * stride_be
+            acc_g += tl.load(bias + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(bias + (n + N_HALF) * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        h = _activate(acc_g, acc_u, alpha, limit, ACTIVATION)
+        tl.store(out_rows + n[None, :] * stride_on, h.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        g = tl.minimum(acc_g, limit)
-        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h = g * tl.sigmoid(alpha * g) * (u + 1.0)
-    tl.store(
-        out_ptr + rows.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on,
-        h.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & n_ok[None, :],
-    )
+        tl.store(out_rows + n[None, :] * stride_on, acc_g, mask=out_mask)
+        tl.store(out_rows + (n + N_HALF)[None, :] * stride_on, acc_u, mask=out_mask)
 
 
 @triton.jit
 def _gemm2(
-    a_ptr, w_ptr, s_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    num_pairs, num_m, N, K, num_experts,
-    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on,
-    TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
-    OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
+    a_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, b13_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    num_pairs, num_m, N, K, num_experts, alpha, limit,
+    stride_as, stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_be, stride_bn, stride_b13e, stride_b13n, stride_om, stride_on,
+    TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_BIAS13: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
+    """GEMM2; ``SPLIT_K`` is GEMM1's (its A operand is then the partials, see ``_gemm2_a``)."""
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
@@ -199,22 +169,36 @@ def _gemm2(
     row_ok = pair < num_pairs
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    dot_dtype = a_ptr.dtype.element_ty
+    dot_dtype = out_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(
-            a_ptr + rows.to(tl.int64)[:, None] * stride_am + kk[None, :] * stride_ak,
-            mask=row_ok[:, None] & (kk[None, :] < K),
-            other=0.0,
-        )
-        b, sb = _load_b(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                        stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, dot_dtype)  # fmt: skip
-        if SCHEME == FP8_BLOCK:
-            aq, a_scale = _quant_fp8_rows(a)
-            acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
+        if SCHEME == MXFP4:
+            for c in tl.static_range(BLOCK_K // CHUNK):
+                kc = k0 + c * CHUNK
+                kk = kc + tl.arange(0, HALF)
+                a_lo = _gemm2_a(a_ptr, rows, row_ok, kk, K, stride_as, stride_am, stride_ak, b13_ptr,
+                                stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
+                                dot_dtype)  # fmt: skip
+                a_hi = _gemm2_a(a_ptr, rows, row_ok, kk + HALF, K, stride_as, stride_am, stride_ak, b13_ptr,
+                                stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
+                                dot_dtype)  # fmt: skip
+                b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM)  # fmt: skip
+                acc = tl.dot(a_lo, b_lo, acc, input_precision=PRECISION)
+                acc = tl.dot(a_hi, b_hi, acc, input_precision=PRECISION)
         else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            a = _gemm2_a(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_as, stride_am, stride_ak,
+                         b13_ptr, stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
+                         dot_dtype)  # fmt: skip
+            b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                                stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
+            if SCHEME == FP8_BLOCK:
+                aq, a_scale = _quant_fp8_rows(a)
+                acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
+            else:
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if SCHEME == MXFP4:
+        acc = acc * tl.load(mult_ptr + expert)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if not ROUTER_ON_INPUT:

@@ -1,0 +1,205 @@
+"""Operand loaders and elementwise helpers shared by the two grouped GEMMs.
+
+Kept apart from ``gemm.py`` so each piece stays small: weight tiles per scheme
+(MXFP4 in the prepared chunked layout of ``moe_triton.layout``), activation
+tiles (including GEMM2's split-K prologue) and the gated activations.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FLOAT = tl.constexpr(0)
+FP8_BLOCK = tl.constexpr(1)
+MXFP4 = tl.constexpr(2)
+SILU = tl.constexpr(0)
+GELU = tl.constexpr(1)
+SWIGLU_OAI = tl.constexpr(2)
+#: K values per prepared MXFP4 chunk (``moe_triton.layout.MXFP4_CHUNK``): 32 low nibbles + 32 high nibbles
+CHUNK = tl.constexpr(64)
+HALF = tl.constexpr(32)
+
+
+#: PTX for 4 bytes -> 4 scaled bf16 (two bf16x2 registers) of one nibble, the bits of ``_e2m1_half``
+#: times the folded scale: prmt spreads bytes 0,1 (2,3) into the 16-bit lanes, the AND keeps the
+#: nibble, one multiply by 2**a + 2**b puts mag at bits 6..8 and the sign at bit 15 (the two copies
+#: never overlap, so no carries), the AND clears the rest, and a packed bf16x2 FMA with -0 applies
+#: the scale (exact: powers of two; bf16 FMA keeps subnormals). 10 ops per 4 values.
+_E2M1_ASM = """{{
+.reg .b32 t0, t1, nz;
+mov.b32 nz, 0x80008000;
+prmt.b32 t0, $2, 0, 0x4140;
+prmt.b32 t1, $2, 0, 0x4342;
+and.b32 t0, t0, {mask};
+and.b32 t1, t1, {mask};
+mul.lo.u32 t0, t0, {mult};
+mul.lo.u32 t1, t1, {mult};
+and.b32 t0, t0, 0x81C081C0;
+and.b32 t1, t1, 0x81C081C0;
+fma.rn.bf16x2 $0, t0, $3, nz;
+fma.rn.bf16x2 $1, t1, $4, nz;
+}}"""
+E2M1_LO_ASM = tl.constexpr(_E2M1_ASM.format(mask="0x000F000F", mult="0x1040"))
+E2M1_HI_ASM = tl.constexpr(_E2M1_ASM.format(mask="0x00F000F0", mult="0x0104"))
+
+
+@triton.jit
+def _e2m1_scaled_asm(packed, scale, HIGH: tl.constexpr):
+    """CUDA-only, bf16: ``_scaled(_e2m1_half(packed, HIGH), scale)`` in inline PTX, 4 bytes per call."""
+    s = tl.broadcast_to(scale[None, :], packed.shape)
+    if HIGH:
+        out = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [packed, s], dtype=tl.bfloat16, is_pure=True,
+                                        pack=4)  # fmt: skip
+    else:
+        out = tl.inline_asm_elementwise(E2M1_LO_ASM, "=r,=r,r,r,r", [packed, s], dtype=tl.bfloat16, is_pure=True,
+                                        pack=4)  # fmt: skip
+    return out
+
+
+@triton.jit
+def _e2m1_half(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr):
+    """One nibble of each E2M1 byte as ``value * 2**-126``, built with bit ops only.
+
+    ``(sign << 15) | (mag << 6)`` read as bf16 (``mag`` = exponent:mantissa, 3
+    bits) is exactly ``value * 2**-126`` for all 16 codes: normals land on
+    exponent 1..3, the 0.5 code on the bf16 subnormal 2**-127. For bf16 dots the
+    bits are built in 16 bits and multiplied by the folded scale in bf16; for
+    fp32/fp16 (Triton's interpreter has no bf16) the same pattern is built as
+    fp32 bits ``(sign << 31) | (mag << 22)`` (the same value).
+    """
+    if DTYPE == tl.bfloat16:
+        b = packed.to(tl.uint16)
+        if HIGH:
+            bits = ((b & 0x80) << 8) | ((b & 0x70) << 2)
+        else:
+            bits = ((b & 0x8) << 12) | ((b & 0x7) << 6)
+        out = bits.to(tl.bfloat16, bitcast=True)
+    else:
+        b = packed.to(tl.uint32)
+        if HIGH:
+            bits = ((b & 0x80) << 24) | ((b & 0x70) << 18)
+        else:
+            bits = ((b & 0x8) << 28) | ((b & 0x7) << 22)
+        out = bits.to(tl.float32, bitcast=True)
+    return out
+
+
+@triton.jit
+def _scaled(w, scale, DTYPE: tl.constexpr):
+    """Decoded half tile times its ``[N]`` folded scale row, in the dot's dtype."""
+    if DTYPE == tl.bfloat16:
+        out = w * scale[None, :]
+    else:
+        out = (w * scale.to(tl.float32)[None, :]).to(DTYPE)
+    return out
+
+
+@triton.jit
+def _mxfp4_chunk(
+    w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
+    DTYPE: tl.constexpr, DECODE_ASM: tl.constexpr,
+):  # fmt: skip
+    """Both halves ``[32, BLOCK_N]`` of the prepared MXFP4 chunk starting at K row ``kc`` (a multiple of 64).
+
+    One byte load feeds both halves; each half is scaled by one ``[N]`` row of
+    folded scales (group ``kc/32`` for the low half, the next for the high).
+    ``DECODE_ASM`` (CUDA, bf16 only) decodes with inline PTX instead of Triton bit ops.
+    """
+    j = tl.arange(0, HALF)
+    s_ok = n_ok & (kc + 0 * n < K)  # a tensor compare: the interpreter cannot mask with tensor & scalar bool
+    packed = tl.load(
+        w_ptr + expert * stride_we + n[None, :] * stride_wn + (kc // 2 + j)[:, None] * stride_wk,
+        mask=s_ok[None, :],
+        other=0,
+    )
+    s_row = s_ptr + expert * stride_se + (kc // 32) * stride_sg + n * stride_sn
+    s_lo = tl.load(s_row, mask=s_ok, other=0.0)
+    s_hi = tl.load(s_row + stride_sg, mask=s_ok, other=0.0)
+    if DECODE_ASM and DTYPE == tl.bfloat16:
+        lo = _e2m1_scaled_asm(packed, s_lo, False)
+        hi = _e2m1_scaled_asm(packed, s_hi, True)
+    else:
+        lo = _scaled(_e2m1_half(packed, False, DTYPE), s_lo, DTYPE)
+        hi = _scaled(_e2m1_half(packed, True, DTYPE), s_hi, DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def _dense_tile(
+    w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    SCHEME: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One ``[BLOCK_K, BLOCK_N]`` weight tile (rows ``n`` of ``[N, K]``, transposed) and, for fp8, its column scale."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    mask = n_ok[None, :] & (kk[:, None] < K)
+    tile = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0)
+    if SCHEME == FP8_BLOCK:
+        col_scale = tl.load(
+            s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
+        )
+    else:
+        col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
+    return tile, col_scale
+
+
+@triton.jit
+def _quant_fp8_rows(a):
+    """Per-row fp8 e4m3 quantization of a [BM, 128] tile: (codes, fp32 scale per row)."""
+    amax = tl.max(tl.abs(a.to(tl.float32)), axis=1)
+    scale = tl.maximum(amax, 1e-10) / 448.0
+    q = (a.to(tl.float32) / scale[:, None]).to(tl.float8e4nv)
+    return q, scale
+
+
+@triton.jit
+def _activate(g, u, alpha, limit, ACTIVATION: tl.constexpr):
+    """Gated activation of fp32 gate/up tiles."""
+    if ACTIVATION == SILU:
+        h = g * tl.sigmoid(g) * u
+    elif ACTIVATION == GELU:
+        h = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476)) * u
+    else:
+        gc = tl.minimum(g, limit)
+        uc = tl.minimum(tl.maximum(u, -limit), limit)
+        h = gc * tl.sigmoid(alpha * gc) * (uc + 1.0)
+    return h
+
+
+@triton.jit
+def _rows_tile(ptr, rows, row_ok, kk, K, stride_m, stride_k):
+    """``ptr[rows, kk]`` with rows/columns out of range read as 0."""
+    return tl.load(
+        ptr + rows.to(tl.int64)[:, None] * stride_m + kk[None, :] * stride_k,
+        mask=row_ok[:, None] & (kk[None, :] < K),
+        other=0.0,
+    )
+
+
+@triton.jit
+def _gemm2_a(
+    a_ptr, rows, row_ok, kk, K, stride_as, stride_am, stride_ak, b13_ptr, stride_b13e, stride_b13n, expert,
+    alpha, limit, ACTIVATION: tl.constexpr, HAS_BIAS13: tl.constexpr, SPLIT_K: tl.constexpr, DTYPE: tl.constexpr,
+):  # fmt: skip
+    """GEMM2's A tile ``[BLOCK_M, len(kk)]``.
+
+    ``SPLIT_K == 1``: the activated intermediate ``[rows, I]`` GEMM1 wrote. Otherwise
+    GEMM1 left fp32 partial sums ``[SPLIT_K, rows, 2I]`` (gate columns, then up): they
+    are summed in a fixed order (deterministic), the b13 bias added and the
+    activation applied here, so split-K costs no extra launch.
+    """
+    if SPLIT_K == 1:
+        a = _rows_tile(a_ptr, rows, row_ok, kk, K, stride_am, stride_ak)
+    else:
+        g = _rows_tile(a_ptr, rows, row_ok, kk, K, stride_am, stride_ak).to(tl.float32)
+        u = _rows_tile(a_ptr + K * stride_ak, rows, row_ok, kk, K, stride_am, stride_ak).to(tl.float32)
+        for s in tl.static_range(1, SPLIT_K):
+            part = a_ptr + s * stride_as
+            g += _rows_tile(part, rows, row_ok, kk, K, stride_am, stride_ak)
+            u += _rows_tile(part + K * stride_ak, rows, row_ok, kk, K, stride_am, stride_ak)
+        if HAS_BIAS13:
+            bias = b13_ptr + expert * stride_b13e
+            g += tl.load(bias + kk * stride_b13n, mask=kk < K, other=0.0).to(tl.float32)[None, :]
+            u += tl.load(bias + (kk + K) * stride_b13n, mask=kk < K, other=0.0).to(tl.float32)[None, :]
+        a = _activate(g, u, alpha, limit, ACTIVATION).to(DTYPE)
+    return a

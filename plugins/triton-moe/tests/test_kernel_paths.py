@@ -1,0 +1,151 @@
+"""Kernel paths the conformance suite does not reach on its own, forced through explicit configs.
+
+Split-K (GEMM1 partials reduced in GEMM2's prologue), the MXFP4 chunk loop
+with BLOCK_K 128/256 and K tails that are not a multiple of 64, experts whose
+folded scales need the shift multiplier, and the automatic split heuristic.
+Each forward is compared with the float64 oracle; split-K is also checked to
+be deterministic. Runs under the interpreter (fp32/fp16) and on CUDA (bf16,
+and fp8_block, which the interpreter cannot run).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_core import MoeConfig
+from moe_core.reference import reference_for
+from moe_core.synthetic import random_inputs, random_weights
+from moe_core.tolerances import relative_l2, tolerance
+from moe_triton import configs, launch
+from moe_triton.layout import prepare_weights
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+FLOAT = torch.bfloat16 if CUDA else torch.float32
+HALF = torch.bfloat16 if CUDA else torch.float16
+
+
+def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
+    p = prepare_weights(cfg.quant_scheme, weights)
+    out = torch.empty(x.shape[0], cfg.hidden_size, dtype=cfg.dtype, device=x.device)
+    launch.run_fused_moe(
+        x, ids, tw, p.w13, p.w2, p.w13_scale, p.w2_scale, p.b13, p.b2, out, cfg.quant_scheme, cfg.activation,
+        cfg.swiglu_alpha, cfg.swiglu_limit, cfg.apply_router_weight_on_input, p.w13_mult, p.w2_mult,
+        config=kernel_config,
+    )  # fmt: skip
+    return out
+
+
+def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16) -> configs.KernelConfig:
+    g = configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2)
+    return configs.KernelConfig(block_m, g, g, split_k)
+
+
+def _check(cfg, weights, m, kernel_config, seed=1):
+    x, ids, tw = random_inputs(cfg, m, DEVICE, seed=seed)
+    out = _forward(cfg, weights, x, ids, tw, kernel_config)
+    err = relative_l2(out, reference_for(cfg, weights, x, ids, tw))
+    assert err <= tolerance(cfg.quant_scheme, cfg.dtype), (err, kernel_config)
+    return out, (x, ids, tw)
+
+
+SPLIT_CASES = [
+    # scheme, dtype, activation, bias, router_on_input, top_k, H, I, block_k, split_k
+    ("fp32" if not CUDA else "bf16", FLOAT, "silu", False, False, 2, 192, 96, 32, 2),
+    ("fp32" if not CUDA else "bf16", FLOAT, "gelu", True, False, 2, 160, 64, 32, 3),  # uneven split of K
+    ("fp32" if not CUDA else "bf16", FLOAT, "silu", False, True, 1, 128, 64, 32, 4),  # router on input, k=1
+    ("mxfp4", HALF, "swiglu_oai", True, False, 2, 192, 96, 64, 2),
+    ("mxfp4", HALF, "swiglu_oai", True, False, 2, 256, 128, 128, 4),
+    ("mxfp4", HALF, "silu", False, False, 1, 128, 64, 64, 8),  # more splits than K tiles: empty slices
+]
+
+
+@pytest.mark.parametrize("scheme,dtype,act,bias,on_input,top_k,h,i,block_k,split", SPLIT_CASES)
+def test_split_k_matches_reference_and_is_deterministic(scheme, dtype, act, bias, on_input, top_k, h, i, block_k,
+                                                        split):  # fmt: skip
+    cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias,
+                    apply_router_weight_on_input=on_input)  # fmt: skip
+    weights = random_weights(cfg, DEVICE)
+    out, inputs = _check(cfg, weights, 5, _kc(block_k, split))
+    assert torch.equal(_forward(cfg, weights, *inputs, _kc(block_k, split)), out)
+    unsplit = _forward(cfg, weights, *inputs, _kc(block_k, 1))
+    assert relative_l2(out, unsplit) <= tolerance(scheme, dtype)
+
+
+@pytest.mark.parametrize("h,i,block_k", [(96, 160, 128), (160, 96, 256), (2880 // 10, 2880 // 10, 128)])
+def test_mxfp4_chunk_loop_with_k_tails(h, i, block_k):
+    """K = 96/160/288 are not multiples of 64: the last chunk is half padding, BLOCK_K overshoots K."""
+    cfg = MoeConfig(4, 2, h, i, quant_scheme="mxfp4", activation="swiglu_oai", dtype=HALF, has_bias=True)
+    _check(cfg, random_weights(cfg, DEVICE), 7, _kc(block_k, 1, block_n=64))
+
+
+def test_mxfp4_expert_with_shifted_scales():
+    """An expert scaled up 2**12 has UE8M0 bytes above 128: its folded scales are shifted, undone by w*_mult."""
+    cfg = MoeConfig(4, 2, 128, 64, quant_scheme="mxfp4", activation="silu", dtype=torch.float32)
+    dense = random_weights(MoeConfig(4, 2, 128, 64, quant_scheme="fp32", dtype=torch.float32), DEVICE)
+    dense.w13[1] *= 4096.0
+    dense.w2[2] *= 4096.0
+    from moe_core.quant import quantize_weights
+
+    weights = quantize_weights(dense, "mxfp4")
+    p = prepare_weights("mxfp4", weights)
+    assert p.w13_mult[1].item() > 1.0 and p.w2_mult[2].item() > 1.0 and p.w13_mult[0].item() == 1.0
+    for split in (1, 2):
+        _check(cfg, weights, 6, _kc(64, split))
+
+
+def test_prepared_weights_are_required_for_mxfp4():
+    cfg = MoeConfig(4, 2, 64, 64, quant_scheme="mxfp4", dtype=torch.float32)
+    w = random_weights(cfg, DEVICE)
+    x, ids, tw = random_inputs(cfg, 2, DEVICE)
+    out = torch.empty(2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="prepared layout"):
+        launch.run_fused_moe(x, ids, tw, w.w13, w.w2, w.w13_scale, w.w2_scale, None, None, out, "mxfp4", "silu",
+                             1.702, 7.0, False)  # fmt: skip
+
+
+def test_split_k_heuristic():
+    # deepseek-v3-tp8 at M=1: 8 experts x 256/32 N tiles = 64 programs on 132 SMs -> split 4 (256 programs)
+    assert configs.split_k_for(8, 256, 7168, 256, 32, 128, 132) == 4
+    # gpt-oss-120b at M=1 with BLOCK_N 64: 4 x 45 = 180 programs already fill 132 SMs
+    assert configs.split_k_for(4, 128, 2880, 2880, 64, 64, 132) == 1
+    # prefill-sized batches never split; the CPU (0 SMs) never splits on its own
+    assert configs.split_k_for(4096, 8, 4096, 14336, 64, 64, 132) == 1
+    assert configs.split_k_for(8, 256, 7168, 256, 32, 128, 0) == 1
+    # K too short for more slices: at most two BLOCK_K tiles of K per split
+    assert configs.split_k_for(1, 8, 512, 64, 64, 128, 132) == 2
+    assert configs.sanitize(_kc(32, 0), "mxfp4").gemm1.block_k == 64
+    assert configs.sanitize(_kc(96, 0), "mxfp4").gemm2.block_k == 128
+    assert configs.sanitize(_kc(64, 0), "fp8_block").gemm1.block_k == 128
+
+
+def test_tables_without_split_k_still_load():
+    entry = {"block_m": 16, "gemm1": configs.GemmConfig().__dict__, "gemm2": configs.GemmConfig().__dict__}
+    kc = configs.KernelConfig.from_dict(entry)
+    assert kc.split_k == 0  # decided at launch
+    assert configs.KernelConfig.from_dict(kc.as_dict()) == kc
+    table = configs._load_table("NVIDIA_H200", None)
+    for per_m in table["entries"].values():
+        for c in per_m.values():
+            configs.KernelConfig.from_dict(c)
+
+
+@pytest.mark.skipif(not CUDA, reason="fp8_block needs CUDA (the interpreter's fp8 dot is inexact)")
+@pytest.mark.parametrize("split", [2, 4])
+def test_fp8_block_split_k_on_cuda(split):
+    cfg = MoeConfig(8, 2, 512, 256, quant_scheme="fp8_block", activation="silu", dtype=torch.bfloat16)
+    weights = random_weights(cfg, DEVICE)
+    out, inputs = _check(cfg, weights, 5, _kc(128, split))
+    assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), out)
+
+
+@pytest.mark.skipif(not CUDA, reason="the inline-PTX MXFP4 decode runs on CUDA only")
+@pytest.mark.parametrize("m,split", [(5, 1), (5, 2), (1, 0)])
+def test_mxfp4_inline_ptx_decode_on_cuda(monkeypatch, m, split):
+    monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", True)
+    cfg = MoeConfig(8, 2, 256, 192, quant_scheme="mxfp4", activation="swiglu_oai", dtype=torch.bfloat16, has_bias=True)
+    weights = random_weights(cfg, DEVICE)
+    out, inputs = _check(cfg, weights, m, _kc(128, split, block_n=64))
+    monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", False)
+    assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n=64)), out)  # same bits as portable
