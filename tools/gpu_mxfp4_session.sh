@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One H200 call for the MXFP4 work (issues 4 and 8), in priority order, each step time-boxed so a cut call
+# still returns what finished. Needs .whl/ (flashinfer-python 0.6.18.post1 + its import-time deps) and, unless the
+# slim module is built in this machine's cache, .slim/moe_w4a16_fused_moe_90.so carried.
+#   1. flashinfer_mxfp4 on the slim module: conformance suite, `moe check`, `moe bench` gpt-oss-120b mxfp4 next to
+#      triton (plugins/flashinfer-mxfp4/tools/gpu_check.sh slim-run)
+#   2. moe-triton GPU tests (CUDA graph / torch.compile at M=1, split-K paths, MXFP4 decode)
+#   3. decode ratios in one run: triton bf16 vs mxfp4 on gpt-oss-120b, bf16 vs fp8_block on deepseek-v3-tp8
+# Usage: OUT=... bash tools/gpu_mxfp4_session.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+timeout "${SLIM_TIMEOUT:-330}" bash plugins/flashinfer-mxfp4/tools/gpu_check.sh slim-run
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+timeout "${TESTS_TIMEOUT:-170}" python3 -m pytest plugins/triton-moe/tests/test_gpu.py \
+  plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_mxfp4_layout.py -q -x -rs \
+  -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/pytest-triton-gpu.txt"
+for spec in "bf16 gpt-oss-120b" "fp8_block deepseek-v3-tp8" "bf16 deepseek-v3-tp8"; do
+  read -r scheme preset <<< "$spec"
+  timeout 60 python3 -m moe_core.cli bench --backend triton --scheme "$scheme" --preset "$preset" --tokens 1,8,64 \
+    --output "$OUT/decode-$scheme-$preset.json" 2>&1 | tail -5
+done
