@@ -138,12 +138,12 @@ slim_run() {
   export MOE_FLASHINFER_MXFP4_SM90_MODULE=slim FLASHINFER_DISABLE_JIT=1
   python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider 2>&1 | tail -15 \
     | tee "$OUT/pytest-conformance-slim.txt"
-  python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4-slim.json"
-  echo "moe check exit $?"
-  python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4-slim.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
   python3 -m pip install -q --no-deps --no-build-isolation -e plugins/triton-moe 2>&1 | tail -1
   python3 -m moe_core.cli bench --backend flashinfer_mxfp4 --backend triton --scheme mxfp4 --preset gpt-oss-120b \
     --output "$OUT/bench-mxfp4-flashinfer-triton.json" 2>&1 | tail -16
+  python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4-slim.json"
+  echo "moe check exit $?"
+  python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4-slim.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
   unset MOE_FLASHINFER_MXFP4_SM90_MODULE FLASHINFER_DISABLE_JIT
 }
 
