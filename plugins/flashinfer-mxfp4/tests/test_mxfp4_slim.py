@@ -402,3 +402,57 @@ def test_the_cold_notice_names_the_module_that_will_build():
     notice = warmup.cold_build_notice(None, "sm90-cutlass-w4a16", slim_cold)
     assert "slim SM90 W4A16 module is not built" in notice and "neither module is built" in notice
     assert warmup.cold_build_notice(None, "sm90-cutlass-w4a16", sm90_engine.Engine("slim", True, "built")) is None
+
+
+# ---- the build orchestration, end to end with a toy module ----------------------------------------------
+@needs_toolchain
+def test_build_compiles_stubs_links_and_reports(tmp_path, monkeypatch):
+    """build(): ninja over the objects, stubs from their symbol tables, relink, report — on two tiny C++ units."""
+    import dataclasses
+    import json as _json
+
+    from moe_flashinfer_mxfp4.slim import build as slim_build
+
+    pytest.importorskip("ninja", reason="needs the ninja package (a FlashInfer dependency)")
+    a = tmp_path / "a.cpp"
+    a.write_text(
+        "namespace tensorrt_llm { int left_out(int); }\nint use(int x) { return tensorrt_llm::left_out(x); }\n"
+    )
+    b = tmp_path / "b.cpp"
+    b.write_text("int other(int x) { return x + 1; }\n")
+
+    @dataclasses.dataclass
+    class ToySpec:
+        name: str
+        sources: list
+        build_dir: Path
+        ninja_path: Path
+        jit_library_path: Path
+
+        def write_ninja(self):
+            objs = [self.build_dir / (Path(s).stem + ".o") for s in self.sources]
+            lines = [
+                "rule compile\n  command = c++ -std=c++17 -fPIC -c $in -o $out\n",
+                "rule link\n  command = c++ -shared $in -o $out\n",
+                *(f"build {o}: compile {s}\n" for o, s in zip(objs, self.sources, strict=True)),
+                f"build {self.jit_library_path}: link {' '.join(map(str, objs))}\n",
+            ]
+            self.build_dir.mkdir(parents=True, exist_ok=True)
+            self.ninja_path.write_text("".join(lines))
+
+    out = tmp_path / "toy"
+    spec = ToySpec("toy", [a, b], out, out / "build.ninja", out / "toy.so")
+    found = sources.SlimSources(spec=spec, generated=(a,), kept=(b,), dropped=(), instantiations=1, left_out=0)
+    monkeypatch.setattr(slim_build.slim_sources_mod, "slim_sources", lambda group_size=4: found)
+    lines = []
+    report = slim_build.build(progress=lines.append, jobs=2)
+    assert Path(report.library).exists() and report.stubs == 1 and report.compiled_now == 2
+    assert report.compile_units == 3 and report.jobs == 2 and report.library_bytes > 0
+    assert any("2/2 done" in line or "[2/2" in line for line in lines), lines
+    assert any("1 symbols stubbed" in line for line in lines)
+    assert "tensorrt_llm::left_out(int)" in (out / slim_build.STUB_SOURCE_NAME).read_text()
+    assert _json.loads((out / slim_build.REPORT_NAME).read_text())["stubs"] == 1
+    assert {name for name, _ in report.slowest_units} >= {"a.o", "b.o"}
+    # a second call finds everything up to date and compiles nothing
+    again = slim_build.build(progress=lines.append, jobs=2)
+    assert again.compiled_now == 0 and again.stubs == 1
