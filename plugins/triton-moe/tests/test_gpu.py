@@ -30,9 +30,10 @@ def _runner(scheme, activation, bias, m=33):
     return runner, random_inputs(cfg, m, "cuda")
 
 
-def test_decode_shape_uses_split_k():
+def test_decode_shape_uses_split_k_when_automatic_split_is_on(monkeypatch):
     from moe_triton import configs
 
+    monkeypatch.setattr(configs, "AUTO_SPLIT_K", True)
     cfg = configs.select_config("bf16", 16, 512, 256, 4, 1, "cuda")
     assert configs.resolve_split_k("bf16", 16, 512, 256, 4, 1, cfg, "cuda") > 1
 

@@ -149,3 +149,17 @@ def test_mxfp4_inline_ptx_decode_on_cuda(monkeypatch, m, split):
     out, inputs = _check(cfg, weights, m, _kc(128, split, block_n=64))
     monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", False)
     assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n=64)), out)  # same bits as portable
+
+
+def test_automatic_split_k_is_off_by_default_and_a_pinned_split_still_applies(monkeypatch):
+    from moe_triton import configs
+
+    cfg = configs.heuristic_config("bf16", 256, 7168, 256, 8, 1)
+    monkeypatch.setattr(configs, "sm_count", lambda device: 132)  # an H200's SMs, so the heuristic would split
+    monkeypatch.setattr(configs, "AUTO_SPLIT_K", False)
+    assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") == 1
+    monkeypatch.setattr(configs, "AUTO_SPLIT_K", True)
+    assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") > 1
+    pinned = configs.KernelConfig(cfg.block_m, cfg.gemm1, cfg.gemm2, split_k=3)
+    monkeypatch.setattr(configs, "AUTO_SPLIT_K", False)
+    assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu") == 3

@@ -75,6 +75,11 @@ SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
 #: ``MOE_TRITON_MXFP4_ASM=1``: decode MXFP4 with inline PTX (CUDA, bf16 activations) instead of Triton bit
 #: ops. Off by default until measured on the H200; read at import (tests may patch it).
 MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "0") == "1"
+#: automatic split-K (``split_k_for``) where a config leaves it open. Off by default: on the H200 (2026-11-30) it
+#: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit in the previous session's run) and
+#: fp8_block M=1 ran out of shared memory (the split partials of gate and up, pipelined in GEMM2's prologue).
+#: ``MOE_TRITON_AUTO_SPLIT_K=1`` turns it on; a tuned entry may still pin a split that measured faster.
+AUTO_SPLIT_K = os.environ.get("MOE_TRITON_AUTO_SPLIT_K", "0") == "1"
 
 
 def min_block_k(scheme: str) -> int:
@@ -121,11 +126,13 @@ def split_k_for(pairs: int, num_experts: int, hidden: int, inter: int, block_n: 
 
 
 def resolve_split_k(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, m: int, cfg, device) -> int:
-    """The split this forward runs: the override, else the config's, else ``split_k_for`` (1 on the CPU)."""
+    """The split this forward runs: the override, else the config's, else 1 (``split_k_for`` if AUTO_SPLIT_K)."""
     if SPLIT_K_OVERRIDE > 0:
         return SPLIT_K_OVERRIDE
     if cfg.split_k > 0:
         return cfg.split_k
+    if not AUTO_SPLIT_K:
+        return 1
     g = cfg.gemm1
     return split_k_for(m * top_k, num_experts, hidden, inter, g.block_n, g.block_k, sm_count(torch.device(device)))
 
