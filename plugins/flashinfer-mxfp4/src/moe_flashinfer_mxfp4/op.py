@@ -19,7 +19,7 @@ from moe_core.config import MoeProblem
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import FusedOp, Support
 from moe_core.weights import MoeWeights
-from moe_flashinfer_mxfp4 import devices, flashinfer_api, sm90_engine, versions
+from moe_flashinfer_mxfp4 import devices, flashinfer_api, padding, sm90_engine, versions
 
 
 class FlashInferMxfp4FusedOp(FusedOp):
@@ -36,8 +36,9 @@ class FlashInferMxfp4FusedOp(FusedOp):
     #: decided per path in ``probe`` so the reason can say which path and why not
     compute_capabilities = None
     supports_bias = True
-    #: W4A16 helpers fold scales in 64-row x 128-K blocks; trtllm-gen tiles rows by 128
-    size_alignment = 128
+    #: MX scale groups of 32; the kernels' 128-multiples (scale folds of 64 rows x 128 K on SM90, 128-row tiles on
+    #: SM100) are reached by zero padding in ``prepare`` (``padding``: gpt-oss's 2880 runs as 2944)
+    size_alignment = 32
 
     # ---- support (no flashinfer import) -------------------------------------------------------
     @classmethod
@@ -98,12 +99,14 @@ class FlashInferMxfp4FusedOp(FusedOp):
     # ---- prepare ------------------------------------------------------------------------------
     def prepare(self, weights: MoeWeights):
         try:
+            config = padding.padded_config(self.config)
+            weights = padding.pad_weights(self.config, weights)
             if self.kernel_path == devices.SM90_CUTLASS:
                 if self.sm90_engine is not None and self.sm90_engine.kind == sm90_engine.SLIM:
                     if not hasattr(self._fi, "slim_module"):  # build (if needed) and load once per op
                         self._fi = sm90_engine.slim_namespace(self._fi)
-                return flashinfer_api.prepare_sm90(self.config, weights, self._fi)
-            return flashinfer_api.prepare_sm100(self.config, weights, self._fi)
+                return flashinfer_api.prepare_sm90(config, weights, self._fi)
+            return flashinfer_api.prepare_sm100(config, weights, self._fi)
         except Exception as exc:
             if type(exc).__name__ == "MissingJITCacheError":
                 raise BackendUnavailableError(
@@ -121,12 +124,20 @@ class FlashInferMxfp4FusedOp(FusedOp):
         if m == 0:
             return out
         x, ids, w = hidden_states.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
+        hidden_p = padding.padded(self.config.hidden_size)
+        target = out
+        if hidden_p != self.config.hidden_size:  # padded layer: zero-extended input, output cut back
+            x = padding.pad_input(x, hidden_p)
+            target = torch.empty(m, hidden_p, dtype=torch.bfloat16, device=x.device)
         if self.kernel_path == devices.SM90_CUTLASS:
-            result = self._fi.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(self._fi, prepared, x, ids, w, out))
+            result = self._fi.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(self._fi, prepared, x, ids, w, target))
         else:
-            kwargs = flashinfer_api.sm100_kwargs(self._fi, prepared, self.config, x, ids, w, out)
+            config = padding.padded_config(self.config)
+            kwargs = flashinfer_api.sm100_kwargs(self._fi, prepared, config, x, ids, w, target)
             result = self._fi.trtllm_fp4_block_scale_routed_moe(**kwargs)
-        _into(out, result)
+        _into(target, result)
+        if target is not out:
+            out.copy_(target[:, : self.config.hidden_size])
         return out
 
     # ---- moe warmup ---------------------------------------------------------------------------
