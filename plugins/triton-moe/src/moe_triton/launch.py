@@ -52,7 +52,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
-    """Inline-PTX MXFP4 decode: opted in (``configs.MXFP4_DECODE_ASM``), CUDA, bf16 activations."""
+    """Inline-PTX MXFP4 decode: enabled (``configs.MXFP4_DECODE_ASM``, default on), CUDA, bf16 activations."""
     return configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
 
 

@@ -72,9 +72,10 @@ SPLIT_K_MAX = 8
 #: ``MOE_TRITON_SPLIT_K=N`` forces GEMM1's K split for every forward of the process (1 = off), for
 #: A/B timing; unset or 0 = as configured. Read once at import.
 SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
-#: ``MOE_TRITON_MXFP4_ASM=1``: decode MXFP4 with inline PTX (CUDA, bf16 activations) instead of Triton bit
-#: ops. Off by default until measured on the H200; read at import (tests may patch it).
-MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "0") == "1"
+#: decode MXFP4 with inline PTX (CUDA, bf16 activations; elsewhere the Triton bit-op path). On by default: on the
+#: H200 (2026-11-30, gpt-oss-120b) 107.6 / 240.7 / 764.2 us at M = 1 / 8 / 64 against 122.4 / 328.2 / 1086.2 us
+#: with the bit-op path, bitwise the same result (GPU test). ``MOE_TRITON_MXFP4_ASM=0`` turns it off; read at import.
+MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "1") != "0"
 #: automatic split-K (``split_k_for``) where a config leaves it open. Off by default: on the H200 (2026-11-30) it
 #: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit in the previous session's run) and
 #: fp8_block M=1 ran out of shared memory (the split partials of gate and up, pipelined in GEMM2's prologue).
