@@ -456,3 +456,23 @@ def test_build_compiles_stubs_links_and_reports(tmp_path, monkeypatch):
     # a second call finds everything up to date and compiles nothing
     again = slim_build.build(progress=lines.append, jobs=2)
     assert again.compiled_now == 0 and again.stubs == 1
+
+
+def test_load_slim_builds_when_missing_but_a_runner_respects_disable_jit(monkeypatch, tmp_path):
+    from moe_flashinfer_mxfp4.slim import build as slim_build
+    from moe_flashinfer_mxfp4.slim import module as slim_mod
+
+    built, lines = [], []
+    monkeypatch.setattr(slim_build, "is_built", lambda: bool(built))
+    monkeypatch.setattr(slim_build, "build", lambda progress: built.append(progress) or None)
+    monkeypatch.setattr(slim_build, "library_path", lambda: tmp_path / "lib.so")
+    monkeypatch.setattr(slim_build, "last_report", lambda: {"compile_units": 44})
+    monkeypatch.setattr(slim_mod, "SlimW4A16Module", lambda path: SimpleNamespace(library=path))
+    monkeypatch.setenv("FLASHINFER_DISABLE_JIT", "1")
+    with pytest.raises(BackendUnavailableError, match="FLASHINFER_DISABLE_JIT is set"):
+        sm90_engine.load_slim(lines.append)
+    assert built == []
+    assert sm90_engine.load_slim(lines.append, warmup=True).library == tmp_path / "lib.so"  # warmup may build
+    assert len(built) == 1
+    sm90_engine.load_slim(lines.append, warmup=True)  # built now: reported, not rebuilt
+    assert len(built) == 1 and any("already built" in line and "44 units" in line for line in lines)

@@ -77,6 +77,8 @@ class FlashInferMxfp4FusedOp(FusedOp):
             raise BackendUnavailableError(f"flashinfer_mxfp4 cannot run this problem: {support.reason}")
         self.kernel_path = type(self).path(problem.device)
         self._fi = flashinfer_api.load()
+        #: the layer at FlashInfer's 128-multiples (``padding``); equal to ``self.config`` when already aligned
+        self._padded = padding.padded_config(self.config)
         #: SM90 only: which FlashInfer module runs the kernels (slim W4A16 or full fused_moe_90), and why
         self.sm90_engine: sm90_engine.Engine | None = None
         if self.kernel_path == devices.SM90_CUTLASS:
@@ -99,7 +101,7 @@ class FlashInferMxfp4FusedOp(FusedOp):
     # ---- prepare ------------------------------------------------------------------------------
     def prepare(self, weights: MoeWeights):
         try:
-            config = padding.padded_config(self.config)
+            config = self._padded
             weights = padding.pad_weights(self.config, weights)
             if self.kernel_path == devices.SM90_CUTLASS:
                 if self.sm90_engine is not None and self.sm90_engine.kind == sm90_engine.SLIM:
@@ -124,7 +126,7 @@ class FlashInferMxfp4FusedOp(FusedOp):
         if m == 0:
             return out
         x, ids, w = hidden_states.contiguous(), topk_ids.contiguous(), topk_weights.contiguous()
-        hidden_p = padding.padded(self.config.hidden_size)
+        hidden_p = self._padded.hidden_size
         target = out
         if hidden_p != self.config.hidden_size:  # padded layer: zero-extended input, output cut back
             x = padding.pad_input(x, hidden_p)
@@ -132,8 +134,7 @@ class FlashInferMxfp4FusedOp(FusedOp):
         if self.kernel_path == devices.SM90_CUTLASS:
             result = self._fi.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(self._fi, prepared, x, ids, w, target))
         else:
-            config = padding.padded_config(self.config)
-            kwargs = flashinfer_api.sm100_kwargs(self._fi, prepared, config, x, ids, w, target)
+            kwargs = flashinfer_api.sm100_kwargs(self._fi, prepared, self._padded, x, ids, w, target)
             result = self._fi.trtllm_fp4_block_scale_routed_moe(**kwargs)
         _into(target, result)
         if target is not out:

@@ -49,18 +49,11 @@ def _pad(t: torch.Tensor, sizes: tuple[int, ...], value: int | float = 0) -> tor
     return out
 
 
-def _pad_gated_rows(t: torch.Tensor, inter: int, inter_p: int, cols: int, value) -> torch.Tensor:
-    """[E, 2I, ...] in [gate; up] order -> [E, 2Ip, cols...], each half padded on its own."""
-    e = t.shape[0]
-    rest = t.shape[2:]
-    out = torch.full((e, 2 * inter_p, *((cols,) if rest else ())), value, dtype=t.dtype, device=t.device)
-    if rest:
-        out[:, :inter, : rest[0]] = t[:, :inter]
-        out[:, inter_p : inter_p + inter, : rest[0]] = t[:, inter:]
-    else:
-        out[:, :inter] = t[:, :inter]
-        out[:, inter_p : inter_p + inter] = t[:, inter:]
-    return out
+def _pad_gated_rows(t: torch.Tensor, inter_p: int, cols: tuple[int, ...], value) -> torch.Tensor:
+    """[E, 2I, *c] in [gate; up] order -> [E, 2Ip, *cols], each half padded on its own."""
+    e, two_i = t.shape[:2]
+    halves = t.reshape(e, 2, two_i // 2, *t.shape[2:])
+    return _pad(halves, (e, 2, inter_p, *cols), value).reshape(e, 2 * inter_p, *cols)
 
 
 def pad_weights(config: MoeConfig, weights: MoeWeights) -> MoeWeights:
@@ -70,11 +63,11 @@ def pad_weights(config: MoeConfig, weights: MoeWeights) -> MoeWeights:
     e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
     hp, ip = padded(h), padded(i)
     return MoeWeights(
-        w13=_pad_gated_rows(weights.w13, i, ip, hp // 2, 0),
-        w13_scale=_pad_gated_rows(weights.w13_scale, i, ip, hp // GROUP, UNIT_SCALE),
+        w13=_pad_gated_rows(weights.w13, ip, (hp // 2,), 0),
+        w13_scale=_pad_gated_rows(weights.w13_scale, ip, (hp // GROUP,), UNIT_SCALE),
         w2=_pad(weights.w2, (e, hp, ip // 2)),
         w2_scale=_pad(weights.w2_scale, (e, hp, ip // GROUP), UNIT_SCALE),
-        b13=None if weights.b13 is None else _pad_gated_rows(weights.b13, i, ip, 0, 0),
+        b13=None if weights.b13 is None else _pad_gated_rows(weights.b13, ip, (), 0),
         b2=None if weights.b2 is None else _pad(weights.b2, (e, hp)),
     )
 

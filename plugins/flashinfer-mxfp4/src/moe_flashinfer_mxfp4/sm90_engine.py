@@ -92,19 +92,28 @@ def choose(fi) -> Engine:
     return Engine(FULL, False, f"the slim module cannot be used here ({problem})")
 
 
-def slim_namespace(fi, progress=log.info) -> SimpleNamespace:
-    """``fi`` with the two calls that need the compiled module bound to the slim library (built if needed)."""
+def load_slim(progress=log.info, *, warmup: bool = False):
+    """The slim library, loaded; built first if missing (refused under FLASHINFER_DISABLE_JIT unless warming up)."""
     from moe_flashinfer_mxfp4.slim import build
     from moe_flashinfer_mxfp4.slim.module import SlimW4A16Module
 
-    if not build.is_built():
-        if os.environ.get("FLASHINFER_DISABLE_JIT"):
-            raise BackendUnavailableError(
-                "flashinfer_mxfp4: FLASHINFER_DISABLE_JIT is set and the slim SM90 W4A16 module is not built; run "
-                f"`moe warmup flashinfer_mxfp4` first (or set {ENV}=full to use a prebuilt fused_moe_90)"
-            )
+    if build.is_built():
+        if warmup:
+            report = build.last_report() or {}
+            progress(f"slim module already built: {build.library_path()} ({report.get('compile_units', '?')} units)")
+    elif os.environ.get("FLASHINFER_DISABLE_JIT") and not warmup:
+        raise BackendUnavailableError(
+            "flashinfer_mxfp4: FLASHINFER_DISABLE_JIT is set and the slim SM90 W4A16 module is not built; run "
+            f"`moe warmup flashinfer_mxfp4` first (or set {ENV}=full to use a prebuilt fused_moe_90)"
+        )
+    else:
         build.build(progress=progress)
-    module = SlimW4A16Module(Path(build.library_path()))
+    return SlimW4A16Module(Path(build.library_path()))
+
+
+def slim_namespace(fi, progress=log.info) -> SimpleNamespace:
+    """``fi`` with the two calls that need the compiled module bound to the slim library (built if needed)."""
+    module = load_slim(progress)
     return SimpleNamespace(
         **{
             **vars(fi),

@@ -148,7 +148,7 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
         engine = sm90_engine.choose(fi)
         progress(f"SM90 kernels: {engine.describe()}")
         if engine.kind == sm90_engine.SLIM:
-            done.append(_warm_slim(fi, progress))
+            done.append(_warm_slim(progress))
         else:
             progress(f"{prebuilt_hint(fi.version)}")
             spec = fi.gen_cutlass_fused_moe_sm90_module()
@@ -171,26 +171,18 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
     return Support(True, "; ".join(done))
 
 
-def _warm_slim(fi, progress) -> str:
-    from moe_flashinfer_mxfp4.slim import build
-    from moe_flashinfer_mxfp4.slim.module import SlimW4A16Module
-
-    if build.is_built():
-        report = build.last_report() or {}
-        progress(f"slim module already built: {build.library_path()} ({report.get('compile_units', '?')} units)")
-    else:
-        build.build(progress=progress)
-    SlimW4A16Module(build.library_path())  # loads: a broken library fails here, not in the first runner
-    return f"slim SM90 W4A16 module built and loads ({build.library_path()})"
+def _warm_slim(progress) -> str:
+    module = sm90_engine.load_slim(progress, warmup=True)  # loads: a broken library fails here, not in a runner
+    return f"slim SM90 W4A16 module built and loads ({module.library})"
 
 
 def cold_build_notice(fi, path: str, engine=None) -> str | None:
     """A warning text when the first prepare is about to compile a FlashInfer module (minutes or an hour)."""
     if path != devices.SM90_CUTLASS:
         return None
+    if engine is not None and engine.built:
+        return None
     if engine is not None and engine.kind == sm90_engine.SLIM:
-        if engine.built:
-            return None
         return (
             f"flashinfer_mxfp4: the slim SM90 W4A16 module is not built; this runner's prepare builds it now "
             f"({SLIM_ESTIMATE}). Run `moe warmup flashinfer_mxfp4` ahead of time. Chosen because {engine.reason}."

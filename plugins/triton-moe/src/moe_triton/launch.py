@@ -153,7 +153,11 @@ def run_fused_moe(
     inter = w13.shape[1] // 2
     if m == 0:
         return
-    cfg = sanitize(config or select_config(scheme, num_experts, h, inter, top_k, m, x.device), scheme)
+    cfg = (
+        sanitize(config, scheme)
+        if config is not None
+        else select_config(scheme, num_experts, h, inter, top_k, m, x.device)
+    )
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
     sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m)
     topk_weights = topk_weights.reshape(-1).contiguous()

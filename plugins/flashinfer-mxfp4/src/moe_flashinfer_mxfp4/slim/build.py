@@ -97,7 +97,7 @@ def _run_ninja(build_dir: Path, targets: list[str], jobs: int, progress: Callabl
         raise RuntimeError(f"ninja failed in {build_dir} (exit {proc.returncode}); last lines:\n" + "\n".join(tail))
 
 
-def _slowest(build_dir: Path, since_ms: float | None = None, top: int = 5) -> list:
+def _slowest(build_dir: Path, top: int = 5) -> list:
     log = build_dir / ".ninja_log"
     if not log.exists():
         return []

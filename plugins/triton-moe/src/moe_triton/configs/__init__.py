@@ -54,7 +54,9 @@ class KernelConfig:
         return cls(d["block_m"], GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]), int(d.get("split_k", 0)))
 
 
+@functools.cache
 def device_slug(device: torch.device) -> str:
+    """Table name of a device; cached (every forward selects a config, and the name query is a driver call)."""
     if device.type != "cuda":
         return "cpu"
     return re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name(device)).strip("_")
@@ -170,7 +172,7 @@ def _select(scheme, num_experts, hidden, inter, top_k, m, slug) -> KernelConfig:
     entry = tuned_entry(slug, table_key(scheme, num_experts, hidden, inter, top_k))
     if entry:
         nearest = min(entry, key=lambda k: (abs(k - m), k))
-        return entry[nearest]
+        return sanitize(entry[nearest], scheme)  # an older table's tiles made legal once, here, not per forward
     return heuristic_config(scheme, num_experts, hidden, inter, top_k, m)
 
 
