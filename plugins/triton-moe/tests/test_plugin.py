@@ -107,6 +107,25 @@ def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
     configs._select.cache_clear()
 
 
+def test_tune_table_merges_per_token_count(tmp_path):
+    """Tuning writes each finished M at once; a later run for other Ms keeps the earlier ones."""
+    pytest.importorskip("triton")
+    from moe_triton import configs
+    from moe_triton.tune import write_table
+
+    key = configs.table_key("mxfp4", 128, 2880, 2880, 4)
+    a = configs.KernelConfig(16, configs.GemmConfig(32, 64, 1, 4, 4), configs.GemmConfig(64, 64, 1, 4, 4), 1)
+    b = configs.KernelConfig(128, configs.GemmConfig(128, 128, 8, 8, 3), configs.GemmConfig(128, 64, 8, 8, 3), 1)
+    c = configs.KernelConfig(16, configs.GemmConfig(64, 64, 1, 4, 4), configs.GemmConfig(64, 128, 1, 4, 4), 2)
+    path = tmp_path / "cpu.json"
+    write_table(path, "cpu", {key: {1: a}})
+    write_table(path, "cpu", {key: {4096: b}})
+    write_table(path, "cpu", {key: {1: c}})
+    table = json.loads(path.read_text())
+    assert table["device"] == "cpu" and list(table["entries"][key]) == ["1", "4096"]
+    assert configs.tuned_entry("cpu", key, str(tmp_path)) == {1: c, 4096: b}
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 def test_custom_op_opcheck(quantized):
     from moe_core.synthetic import random_inputs, random_weights

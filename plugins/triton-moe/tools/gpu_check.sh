@@ -5,7 +5,10 @@
 #   `ab`: quick decode A/B (M=1,8): mxfp4 (Triton bit-op decode and inline-PTX decode, MOE_TRITON_MXFP4_ASM=1)
 #   vs bf16 on gpt-oss, fp8_block vs bf16 on deepseek, bf16 qwen3, each with split-K as configured (auto) and
 #   forced off (MOE_TRITON_SPLIT_K=1); a summary table at the end (ab-summary.txt).
-# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [ab] [bench] [bench-quant] [bench-torch] [tune SCHEME PRESET...]
+#   profile: per-kernel GPU time of the forward next to its CUDA-graph time (tools/profile_launches.py), M=1,8,
+#   bf16 on the four presets, fp8_block on deepseek-v3-tp8, mxfp4 on gpt-oss-120b.
+#   tune: TUNE_TOKENS (default 1,8,64,512,4096; each M is saved as soon as it is tuned), TUNE_TIMEOUT seconds.
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [ab] [bench] [bench-quant] [bench-torch] [profile] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -42,13 +45,23 @@ while [ $# -gt 0 ]; do
       moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 --output "$OUT/bench-triton-fp8.json" | tail -8
       moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --output "$OUT/bench-triton-mxfp4.json" | tail -8
       shift ;;
+    profile)
+      python3 plugins/triton-moe/tools/profile_launches.py --output "$OUT/profile-bf16.json" 2>&1 | tail -12
+      python3 plugins/triton-moe/tools/profile_launches.py --preset deepseek-v3-tp8 --scheme fp8_block \
+        --output "$OUT/profile-fp8.json" 2>&1 | tail -3
+      python3 plugins/triton-moe/tools/profile_launches.py --preset gpt-oss-120b --scheme mxfp4 \
+        --output "$OUT/profile-mxfp4.json" 2>&1 | tail -3
+      shift ;;
     bench-torch)
       moe bench --backend triton --backend torch --output "$OUT/bench-triton-torch-bf16.json" --plot "$OUT/bench-bf16.png" | tail -45
       shift ;;
     tune)
       scheme=$2; shift 2; presets=()
-      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != ab && "$1" != bench* && "$1" != tune ]]; do presets+=(--preset "$1"); shift; done
-      timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" 2>&1 | tail -60
+      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != ab && "$1" != bench* && "$1" != tune && "$1" != profile ]]; do
+        presets+=(--preset "$1"); shift
+      done
+      timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" \
+        --tokens "${TUNE_TOKENS:-1,8,64,512,4096}" 2>&1 | tail -60
       cp plugins/triton-moe/src/moe_triton/configs/*.json "$OUT/" 2>/dev/null ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac

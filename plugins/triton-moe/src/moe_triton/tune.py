@@ -45,7 +45,10 @@ _MEDIUM = [
     (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3), (256, 64, 8, 3),
     (64, 64, 4, 3), (128, 128, 4, 3),
 ]  # fmt: skip
-_LARGE = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4)]
+_LARGE = [
+    (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4), (128, 32, 4, 4),
+    (128, 128, 4, 3), (256, 128, 8, 3),
+]  # fmt: skip
 #: K splits tried at decode (re-timing the fastest unsplit tiles)
 SPLITS = (2, 4, 8)
 #: how many of the fastest unsplit tiles each split re-times, per GEMM
@@ -92,8 +95,12 @@ def _time_split(run1, run2, rows: int, inter: int, dtype, device, split: int, ge
     return t1, t2
 
 
-def tune_shape(config, weights, tokens: list[int], device, log=print) -> dict[int, KernelConfig]:
-    """Best KernelConfig per token count for one layer (MoeConfig + prepared ``TritonWeights``)."""
+def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=None) -> dict[int, KernelConfig]:
+    """Best KernelConfig per token count for one layer (MoeConfig + prepared ``TritonWeights``).
+
+    ``on_result(m, config)`` is called as soon as each token count is done (the caller saves it, so a
+    tuning run cut short by a time limit keeps every M it finished).
+    """
     from moe_core.synthetic import random_inputs
     from moe_triton.kernels import align as align_mod
 
@@ -135,6 +142,8 @@ def tune_shape(config, weights, tokens: list[int], device, log=print) -> dict[in
                 if total < best_total:
                     best_total, best = total, KernelConfig(block_m, c1, c2, split)
         result[m] = best
+        if on_result is not None:
+            on_result(m, best)
     return result
 
 
@@ -148,16 +157,20 @@ def _safe(bench, fn) -> float:
 
 
 def write_table(path: Path, device, entries: dict[str, dict[int, KernelConfig]]) -> Path:
-    """Merge ``entries`` into the table file at ``path`` (created if missing)."""
+    """Merge ``entries`` into the table file at ``path`` (created if missing): per shape key, the token
+    counts given replace those already there; other token counts of that key stay."""
     path = Path(path)
     table = json.loads(path.read_text()) if path.exists() else {}
-    table.setdefault("device", torch.cuda.get_device_name(device))
+    device = torch.device(device)
+    table.setdefault("device", torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
     table["triton"] = triton.__version__
     table["torch"] = torch.__version__
     table["updated"] = time.strftime("%Y-%m-%d")
     table.setdefault("entries", {})
     for key, per_m in entries.items():
-        table["entries"][key] = {str(m): c.as_dict() for m, c in sorted(per_m.items())}
+        merged = {int(m): c for m, c in table["entries"].get(key, {}).items()}
+        merged.update({m: c.as_dict() for m, c in per_m.items()})
+        table["entries"][key] = {str(m): merged[m] for m in sorted(merged)}
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     return path
 
@@ -188,8 +201,9 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
         log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device)}")
         t0 = time.time()
         key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
-        # written after every preset, so an interrupted run keeps what it measured
-        write_table(path, device, {key: tune_shape(cfg, weights, tokens, device, log)})
+        # written after every token count, so an interrupted run keeps what it measured
+        tune_shape(cfg, weights, tokens, device, log,
+                   on_result=lambda m, best, key=key: write_table(path, device, {key: {m: best}}))  # fmt: skip
         log(f"  {name}: {time.time() - t0:.0f} s -> {path}")
         del weights
         torch.cuda.empty_cache()
