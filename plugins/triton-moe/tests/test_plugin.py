@@ -58,8 +58,13 @@ def test_cpu_reasons():
 
 
 @pytest.mark.parametrize(
-    "num_experts,top_k,m,block_m", [(8, 2, 1, 16), (8, 2, 37, 16), (16, 4, 100, 32), (5, 1, 9, 64), (16, 4, 600, 64)]
-)
+    "num_experts,top_k,m,block_m",
+    [
+        (8, 2, 1, 16), (8, 2, 37, 16), (16, 4, 100, 32), (5, 1, 9, 64), (16, 4, 600, 64),
+        # decode widths of the loops (16/32-wide steps against 256 expert bins), several 64-wide steps (E=300)
+        (128, 8, 1, 16), (128, 8, 3, 16), (300, 8, 40, 16),
+    ],
+)  # fmt: skip
 def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, m, block_m):
     from moe_triton.kernels.align import align, max_blocks
 

@@ -8,7 +8,11 @@
 #   profile: per-kernel GPU time of the forward next to its CUDA-graph time (tools/profile_launches.py), M=1,8,
 #   bf16 on the four presets, fp8_block on deepseek-v3-tp8, mxfp4 on gpt-oss-120b.
 #   tune: TUNE_TOKENS (default 1,8,64,512,4096; each M is saved as soon as it is tuned), TUNE_TIMEOUT seconds.
-# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [ab] [bench] [bench-quant] [bench-torch] [profile] [tune SCHEME PRESET...]
+#   check: only `moe check triton` on CUDA; gpu-tests: the GPU-marked tests, alignment and kernel-path tests
+#   (not the conformance module, which `check` covers); bench-decode: M=1,8,64 for bf16 (four presets),
+#   fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b), triton only.
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [check] [gpu-tests] [ab] [bench] [bench-quant] [bench-decode]
+#        [bench-torch] [profile] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,6 +25,22 @@ while [ $# -gt 0 ]; do
       python3 -m pytest plugins/triton-moe/tests -q -x -rs 2>&1 | tail -15 | tee "$OUT/pytest-triton.txt"
       moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
       python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+      shift ;;
+    check)
+      moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
+      python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+      shift ;;
+    gpu-tests)
+      python3 -m pytest plugins/triton-moe/tests/test_gpu.py plugins/triton-moe/tests/test_plugin.py \
+        plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_mxfp4_layout.py -q -rs \
+        -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/pytest-triton-gpu.txt"
+      shift ;;
+    bench-decode)
+      moe bench --backend triton --tokens 1,8,64 --output "$OUT/decode-bf16.json" 2>/dev/null | grep triton
+      moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 --tokens 1,8,64 \
+        --output "$OUT/decode-fp8.json" 2>/dev/null | grep triton
+      moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --tokens 1,8,64 \
+        --output "$OUT/decode-mxfp4.json" 2>/dev/null | grep triton
       shift ;;
     ab)
       # label scheme preset asm; each run twice: split-K as configured (split0) and forced off (split1)
@@ -46,18 +66,20 @@ while [ $# -gt 0 ]; do
       moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --output "$OUT/bench-triton-mxfp4.json" | tail -8
       shift ;;
     profile)
-      python3 plugins/triton-moe/tools/profile_launches.py --output "$OUT/profile-bf16.json" 2>&1 | tail -12
+      python3 plugins/triton-moe/tools/profile_launches.py --tokens "${PROFILE_TOKENS:-1,8}" \
+        --output "$OUT/profile-bf16.json" 2>&1 | grep -v Warn
       python3 plugins/triton-moe/tools/profile_launches.py --preset deepseek-v3-tp8 --scheme fp8_block \
-        --output "$OUT/profile-fp8.json" 2>&1 | tail -3
+        --tokens "${PROFILE_TOKENS:-1,8}" --output "$OUT/profile-fp8.json" 2>&1 | grep -v Warn
       python3 plugins/triton-moe/tools/profile_launches.py --preset gpt-oss-120b --scheme mxfp4 \
-        --output "$OUT/profile-mxfp4.json" 2>&1 | tail -3
+        --tokens "${PROFILE_TOKENS:-1,8}" --output "$OUT/profile-mxfp4.json" 2>&1 | grep -v Warn
       shift ;;
     bench-torch)
       moe bench --backend triton --backend torch --output "$OUT/bench-triton-torch-bf16.json" --plot "$OUT/bench-bf16.png" | tail -45
       shift ;;
     tune)
       scheme=$2; shift 2; presets=()
-      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != ab && "$1" != bench* && "$1" != tune && "$1" != profile ]]; do
+      while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != check && "$1" != gpu-tests && "$1" != ab && "$1" != bench* && "$1" != tune &&
+              "$1" != profile ]]; do
         presets+=(--preset "$1"); shift
       done
       timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" \
