@@ -113,8 +113,10 @@ for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm2(2, 2, True, 2, dt=dt)
 
 i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
-for cp in (dict(E=256, E_POW2=512, BLOCK_M=16, CHUNK=64, PAIR_CHUNK=64, BLOCK_CHUNK=64),
-           dict(E=128, E_POW2=256, BLOCK_M=16, CHUNK=256, PAIR_CHUNK=16, BLOCK_CHUNK=16)):  # prefill, decode widths
+for cp in (
+    dict(E=256, E_POW2=512, BLOCK_M=16, CHUNK=64, PAIR_CHUNK=64, BLOCK_CHUNK=64),
+    dict(E=128, E_POW2=256, BLOCK_M=16, CHUNK=256, PAIR_CHUNK=16, BLOCK_CHUNK=16),
+):  # prefill, decode widths
     build(align._plan, i32, cp, f"plan E={cp['E']}")
     build(align._plan_and_scatter, i32, cp, f"plan_and_scatter E={cp['E']} steps {cp['PAIR_CHUNK']}")
 build(align._scatter, i32, dict(CHUNK=256), "scatter")
