@@ -37,9 +37,12 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
     return out
 
 
-def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16) -> configs.KernelConfig:
-    g = configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2)
-    return configs.KernelConfig(block_m, g, g, split_k)
+def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False)) -> configs.KernelConfig:
+    g1, g2 = (
+        configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
+        for s in swap
+    )
+    return configs.KernelConfig(block_m, g1, g2, split_k)
 
 
 def _check(cfg, weights, m, kernel_config, seed=1):
@@ -78,6 +81,25 @@ def test_mxfp4_chunk_loop_with_k_tails(h, i, block_k):
     """K = 96/160/288 are not multiples of 64: the last chunk is half padding, BLOCK_K overshoots K."""
     cfg = MoeConfig(4, 2, h, i, quant_scheme="mxfp4", activation="swiglu_oai", dtype=HALF, has_bias=True)
     _check(cfg, random_weights(cfg, DEVICE), 7, _kc(block_k, 1, block_n=64))
+
+
+@pytest.mark.parametrize(
+    "swap,split,block_k,block_n,block_m,h,i",
+    [
+        ((True, True), 1, 64, 64, 16, 192, 128),
+        ((True, False), 2, 128, 64, 16, 256, 128),  # GEMM1 swapped and split, GEMM2 not
+        ((False, True), 2, 64, 32, 32, 160, 96),  # GEMM2 swapped reading split partials; K tails
+        ((True, True), 1, 256, 64, 16, 2880 // 10, 2880 // 10),
+    ],
+)
+def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, block_m, h, i):
+    """``GemmConfig.swap_ab``: weights x rows^T accumulated transposed; same result as the plain order."""
+    cfg = MoeConfig(8, 2, h, i, quant_scheme="mxfp4", activation="swiglu_oai", dtype=HALF, has_bias=True)
+    weights = random_weights(cfg, DEVICE)
+    out, inputs = _check(cfg, weights, 9, _kc(block_k, split, block_n, block_m, swap))
+    plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m))
+    assert relative_l2(out, plain) <= tolerance("mxfp4", HALF) / 4
+    assert configs.sanitize(_kc(64, 1, swap=(True, True)), "bf16").gemm1.swap_ab is False
 
 
 def test_mxfp4_expert_with_shifted_scales():

@@ -131,6 +131,19 @@ def test_tune_table_merges_per_token_count(tmp_path):
     assert configs.tuned_entry("cpu", key, str(tmp_path)) == {1: c, 4096: b}
 
 
+def test_tune_candidates_swap_operands_for_mxfp4_only():
+    pytest.importorskip("triton")
+    from moe_triton.tune import candidates
+
+    for rows_per_expert in (1, 50, 200):
+        for _, gemms in candidates("mxfp4", rows_per_expert):
+            swapped = [g for g in gemms if g.swap_ab]
+            assert swapped and all(g.block_n >= 64 and g.block_k % 64 == 0 for g in swapped)
+            assert len(set(gemms)) == len(gemms)
+        for _, gemms in candidates("bf16", rows_per_expert):
+            assert not any(g.swap_ab for g in gemms)
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 def test_custom_op_opcheck(quantized):
     from moe_core.synthetic import random_inputs, random_weights

@@ -68,24 +68,29 @@ def weight_types(scheme, dt):
     return (dt, dt) if scheme == 0 else (wdt, sdt)
 
 
-def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False):
+def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
+          swap=False, block_m=16):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
-             PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=16,
-             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8)  # fmt: skip
+             PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap)  # fmt: skip
     out = "fp32" if split > 1 else dt
-    tag = f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+    tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}")  # fmt: skip
     build(gemm._gemm1, gemm_types(dt, wdt, sdt, out), c, tag)
 
 
-def gemm2(scheme, act=0, bias=True, split=1, dt="bf16", block_k=128, by_token=False, asm=False):
+def gemm2(scheme, act=0, bias=True, split=1, dt="bf16", block_k=128, by_token=False, asm=False, swap=False,
+          block_n=64, block_m=16):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, HAS_BIAS13=bias and split > 1,
              ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token, PRECISION="ieee" if dt == "fp32" else "tf32",
-             SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=16, BLOCK_N=64, BLOCK_K=block_k, GROUP_M=8)  # fmt: skip
+             SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
+             SWAP_AB=swap)  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     a_dt = "fp32" if split > 1 else dt
-    tag = f"g2_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+    tag = (f"g2_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}")  # fmt: skip
     build(gemm._gemm2, lambda n: f"*{a_dt}" if n == "a_ptr" else types(n), c, tag)
 
 
@@ -107,8 +112,15 @@ for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (MOE_TRITON_MXFP4_ASM=
     for split in (1, 2):
         gemm1(2, 2, True, split, block_k=block_k, asm=True)
         gemm2(2, 2, True, split, block_k=block_k, asm=True)
+for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (128, 128, 64)):  # swapped operands
+    for asm in (True, False):
+        gemm1(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
+        gemm2(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
+gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
+gemm2(2, 2, True, 2, block_k=128, asm=True, swap=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
+    gemm1(2, 2, True, 1, dt=dt, swap=True)
     gemm1(0, 0, False, 2, dt=dt)
     gemm2(2, 2, True, 2, dt=dt)
 

@@ -56,6 +56,11 @@ def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
     return configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
 
 
+def _swap_ab(scheme: str, g: GemmConfig) -> bool:
+    """Swapped operands (``GemmConfig.swap_ab``): implemented for the MXFP4 main loop only."""
+    return g.swap_ab and scheme == "mxfp4"
+
+
 def split_workspace(split_k: int, rows: int, inter: int, device) -> torch.Tensor:
     """GEMM1's fp32 partial sums ``[split_k, rows, 2I]`` (only rows holding a pair are written and read)."""
     return torch.empty(split_k, rows, 2 * inter, dtype=torch.float32, device=device)
@@ -82,7 +87,7 @@ def launch_gemm1(
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b13 is not None,
         ROUTER_ON_INPUT=router_on_input, PRECISION=_precision(x.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(scheme, x), BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        num_warps=g.num_warps, num_stages=g.num_stages,
+        SWAP_AB=_swap_ab(scheme, g), num_warps=g.num_warps, num_stages=g.num_stages,
     )  # fmt: skip
 
 
@@ -112,7 +117,7 @@ def launch_gemm2(
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b2 is not None,
         HAS_BIAS13=use_b13, ROUTER_ON_INPUT=router_on_input, OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(scheme, y), BLOCK_M=block_m, BLOCK_N=g.block_n,
-        BLOCK_K=g.block_k, GROUP_M=g.group_m,
+        BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(scheme, g),
         num_warps=g.num_warps, num_stages=g.num_stages,
     )  # fmt: skip
 

@@ -70,12 +70,15 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
         h = heuristic_config(scheme, 1, 1, 1, 1, block_m).gemm1
         shapes = [(h.block_n, h.block_k, h.num_warps, h.num_stages), *shapes]
         gemms, seen = [], set()
-        for bn, bk, w, s in shapes:
-            bk = sanitize(KernelConfig(block_m, GemmConfig(bn, max(bk, kmin))), scheme).gemm1.block_k
-            key = (bn, bk, w, s)
-            if key not in seen:
-                seen.add(key)
-                gemms.append(GemmConfig(bn, bk, 8 if block_m >= 64 else 1, w, s))
+        # mxfp4 also tries swapped operands (GemmConfig.swap_ab) where the weight tile fills a wgmma (N >= 64)
+        swaps = (False, True) if scheme == "mxfp4" else (False,)
+        for swap in swaps:
+            for bn, bk, w, s in shapes:
+                bk = sanitize(KernelConfig(block_m, GemmConfig(bn, max(bk, kmin))), scheme).gemm1.block_k
+                key = (bn, bk, w, s, swap)
+                if key not in seen and (not swap or bn >= 64):
+                    seen.add(key)
+                    gemms.append(GemmConfig(bn, bk, 8 if block_m >= 64 else 1, w, s, swap))
         out.append((block_m, gemms))
     return out
 
@@ -147,10 +150,16 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     return result
 
 
-def _safe(bench, fn) -> float:
+def _safe(bench, fn, log=print) -> float:
+    """Median time of a candidate; infinite (never chosen) if it does not fit or does not compile."""
+    from triton.compiler.errors import CompilationError
+
     try:
         return bench(fn)
-    except Exception as exc:  # a candidate that does not compile or fit is just not chosen
+    except CompilationError as exc:  # e.g. a tile shape this Triton cannot lower: reported, not chosen
+        log(f"  candidate did not compile ({type(exc).__name__}): {str(exc).splitlines()[-1][:160]}")
+        return float("inf")
+    except Exception as exc:
         if "out of resource" in str(exc) or "OutOfResources" in type(exc).__name__:
             return float("inf")
         raise

@@ -26,11 +26,17 @@ import torch
 
 @dataclass(frozen=True)
 class GemmConfig:
+    """One GEMM's tiles. ``swap_ab`` (MXFP4 only): compute the transposed product, weights as the MMA's
+    first operand — on Hopper that operand may live in registers, so the decoded tile feeds ``wgmma``
+    without a trip through shared memory, and the token rows become the MMA's N (8-wide steps instead
+    of a 64-row minimum); elsewhere it is reset to False (``sanitize``)."""
+
     block_n: int = 64
     block_k: int = 64
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    swap_ab: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,8 @@ def min_block_k(scheme: str) -> int:
 
 
 def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
-    """Make BLOCK_K legal for the scheme (fp8_block: 128; mxfp4: a multiple of 64), e.g. for an older table."""
+    """Make BLOCK_K legal for the scheme (fp8_block: 128; mxfp4: a multiple of 64), e.g. for an older table;
+    ``swap_ab`` only where it is implemented (mxfp4)."""
 
     def fix(g: GemmConfig) -> GemmConfig:
         if scheme == "fp8_block":
@@ -99,7 +106,8 @@ def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
         else:
             step = min_block_k(scheme)
             bk = max(step, -(-g.block_k // step) * step)
-        return g if bk == g.block_k else replace(g, block_k=bk)
+        swap = g.swap_ab and scheme == "mxfp4"
+        return g if (bk, swap) == (g.block_k, g.swap_ab) else replace(g, block_k=bk, swap_ab=swap)
 
     return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2))
 

@@ -72,8 +72,13 @@ def _gemm1(
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales."""
+    """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
+
+    ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
+    transposed back once before the epilogue (see ``configs.GemmConfig.swap_ab``).
+    """
     num_n = tl.cdiv(N_HALF, BLOCK_N)
     tiles = num_m * num_n
     pid = tl.program_id(0)
@@ -89,8 +94,12 @@ def _gemm1(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N_HALF
     dot_dtype = x_ptr.dtype.element_ty
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # K slice of this program (all of K unless split): whole BLOCK_K tiles, so fp8
     # blocks and MXFP4 chunks stay aligned
     k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -104,14 +113,22 @@ def _gemm1(
                 a_lo = _rows_tile(x_ptr, token, row_ok, kk, K, stride_xm, stride_xk)
                 a_hi = _rows_tile(x_ptr, token, row_ok, kk + HALF, K, stride_xm, stride_xk)
                 g_lo, g_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM)  # fmt: skip
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
                 u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
-                                          stride_wk, stride_se, stride_sk, stride_sn, dot_dtype,
-                                          DECODE_ASM)  # fmt: skip
-                acc_g = tl.dot(a_lo, g_lo, acc_g, input_precision=PRECISION)
-                acc_g = tl.dot(a_hi, g_hi, acc_g, input_precision=PRECISION)
-                acc_u = tl.dot(a_lo, u_lo, acc_u, input_precision=PRECISION)
-                acc_u = tl.dot(a_hi, u_hi, acc_u, input_precision=PRECISION)
+                                          stride_wk, stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM,
+                                          SWAP_AB)  # fmt: skip
+                if SWAP_AB:
+                    a_lo = tl.trans(a_lo)
+                    a_hi = tl.trans(a_hi)
+                    acc_g = tl.dot(g_lo, a_lo, acc_g, input_precision=PRECISION)
+                    acc_g = tl.dot(g_hi, a_hi, acc_g, input_precision=PRECISION)
+                    acc_u = tl.dot(u_lo, a_lo, acc_u, input_precision=PRECISION)
+                    acc_u = tl.dot(u_hi, a_hi, acc_u, input_precision=PRECISION)
+                else:
+                    acc_g = tl.dot(a_lo, g_lo, acc_g, input_precision=PRECISION)
+                    acc_g = tl.dot(a_hi, g_hi, acc_g, input_precision=PRECISION)
+                    acc_u = tl.dot(a_lo, u_lo, acc_u, input_precision=PRECISION)
+                    acc_u = tl.dot(a_hi, u_hi, acc_u, input_precision=PRECISION)
         else:
             a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
             bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
@@ -125,6 +142,9 @@ def _gemm1(
             else:
                 acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
                 acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     if SCHEME == MXFP4:  # undo the per-expert shift of the folded scales (1.0 for ordinary weights)
         mult = tl.load(mult_ptr + expert)
         acc_g = acc_g * mult
@@ -157,8 +177,10 @@ def _gemm2(
     HAS_BIAS13: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM2; ``SPLIT_K`` is GEMM1's (its A operand is then the partials, see ``_gemm2_a``)."""
+    """GEMM2; ``SPLIT_K`` is GEMM1's (its A operand is then the partials, see ``_gemm2_a``);
+    ``SWAP_AB`` as in ``_gemm1``."""
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
@@ -170,7 +192,10 @@ def _gemm2(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     dot_dtype = out_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
@@ -183,9 +208,13 @@ def _gemm2(
                                 stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
                                 dot_dtype)  # fmt: skip
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM)  # fmt: skip
-                acc = tl.dot(a_lo, b_lo, acc, input_precision=PRECISION)
-                acc = tl.dot(a_hi, b_hi, acc, input_precision=PRECISION)
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
+                if SWAP_AB:
+                    acc = tl.dot(b_lo, tl.trans(a_lo), acc, input_precision=PRECISION)
+                    acc = tl.dot(b_hi, tl.trans(a_hi), acc, input_precision=PRECISION)
+                else:
+                    acc = tl.dot(a_lo, b_lo, acc, input_precision=PRECISION)
+                    acc = tl.dot(a_hi, b_hi, acc, input_precision=PRECISION)
         else:
             a = _gemm2_a(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_as, stride_am, stride_ak,
                          b13_ptr, stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
@@ -197,6 +226,8 @@ def _gemm2(
                 acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
             else:
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if SCHEME == MXFP4:
         acc = acc * tl.load(mult_ptr + expert)
     if HAS_BIAS:
