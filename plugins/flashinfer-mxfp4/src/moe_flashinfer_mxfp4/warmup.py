@@ -34,7 +34,8 @@ from moe_flashinfer_mxfp4 import devices, flashinfer_api, sm90_engine
 #: measured on an H200 host, 16 cores, flashinfer 0.7.4, CUDA 13.0: 36 units in 9.5 min
 SM90_UNITS_PER_MINUTE = 36 / 9.5
 SM90_MEASURED = "36 of its units compiled in 9.5 min on an H200 host with 16 cores"
-#: the slim module (moe_flashinfer_mxfp4.slim), measured on the H200 host: whole build (43 units, stubs, link) 390 s with 16 jobs
+#: the slim module (moe_flashinfer_mxfp4.slim), measured on the H200 host: whole build (43 units, stubs,
+#: link) in 390 s with 16 jobs
 SLIM_ESTIMATE = "43 compile units + a stub unit and the link; 6.5 min on the H200 host's 16 cores"
 
 
