@@ -185,3 +185,31 @@ def test_automatic_split_k_is_off_by_default_and_a_pinned_split_still_applies(mo
     pinned = configs.KernelConfig(cfg.block_m, cfg.gemm1, cfg.gemm2, split_k=3)
     monkeypatch.setattr(configs, "AUTO_SPLIT_K", False)
     assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu") == 3
+
+
+def test_fp8_activation_group_quantization():
+    """``quantize_fp8_groups`` uses ``_quant_fp8_rows``' formula: per token and 128 columns, amax / 448."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(5, 300, generator=gen) * 3).to(DEVICE, FLOAT)
+    x[2, 128:256] = 0  # an all-zero group: the scale floor, codes 0
+    q, s = launch.quantize_fp8_groups(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and s.shape == (5, 3)
+    groups = torch.nn.functional.pad(x.float(), (0, 84)).view(5, 3, 128)
+    scale = groups.abs().amax(dim=2).clamp_min(1e-10) / 448.0
+    assert torch.equal(s, scale)
+    if CUDA:  # the interpreter's fp8 conversion misrounds values just below a power of two (124.3 -> 64)
+        codes = (groups / scale[:, :, None]).to(torch.float8_e4m3fn).view(5, 384)[:, :300]
+        assert torch.equal(q.view(torch.uint8), codes.view(torch.uint8))
+    assert torch.all(q[2, 128:256].float() == 0)
+
+
+@pytest.mark.skipif(not CUDA, reason="fp8_block needs CUDA (the interpreter's fp8 dot is inexact)")
+@pytest.mark.parametrize("split,on_input", [(1, False), (4, False), (1, True)])
+def test_fp8_block_activations_quantized_once_give_the_same_result(monkeypatch, split, on_input):
+    cfg = MoeConfig(8, 1 if on_input else 2, 512, 256, quant_scheme="fp8_block", activation="silu",
+                    dtype=torch.bfloat16, apply_router_weight_on_input=on_input)  # fmt: skip
+    weights = random_weights(cfg, DEVICE)
+    monkeypatch.setattr(configs, "FP8_PREQUANT", False)
+    in_loop, inputs = _check(cfg, weights, 5, _kc(128, split))
+    monkeypatch.setattr(configs, "FP8_PREQUANT", True)
+    assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), in_loop)

@@ -36,7 +36,7 @@ def gemm_types(dt, wdt, sdt, out_dt=None):
             return f"*{wdt}"
         if name == "s_ptr":
             return f"*{sdt}"
-        if name in ("topk_w_ptr", "mult_ptr"):
+        if name in ("topk_w_ptr", "mult_ptr", "xs_ptr"):
             return "*fp32"
         if name in ("sorted_ptr", "block_expert_ptr", "offsets_ptr"):
             return "*i32"
@@ -69,15 +69,16 @@ def weight_types(scheme, dt):
 
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
-          swap=False, block_m=16):  # fmt: skip
+          swap=False, block_m=16, a_fp8=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
-             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap)  # fmt: skip
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8)  # fmt: skip
     out = "fp32" if split > 1 else dt
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
-           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}")  # fmt: skip
-    build(gemm._gemm1, gemm_types(dt, wdt, sdt, out), c, tag)
+           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}")  # fmt: skip
+    types = gemm_types(dt, wdt, sdt, out)
+    build(gemm._gemm1, (lambda n: "*fp8e4nv" if n == "x_ptr" else types(n)) if a_fp8 else types, c, tag)
 
 
 def gemm2(scheme, act=0, bias=True, split=1, dt="bf16", block_k=128, by_token=False, asm=False, swap=False,
@@ -118,6 +119,12 @@ for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (
         gemm2(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
 gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
 gemm2(2, 2, True, 2, block_k=128, asm=True, swap=True)
+for split in (1, 4):  # fp8_block with activations quantized once per forward (MOE_TRITON_FP8_PREQUANT=1)
+    for bias in (False, True):
+        gemm1(1, 0, bias, split, a_fp8=True)
+gemm1(1, 0, False, 1, router=True, a_fp8=True)
+build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
+      dict(ROWS=16), "quant_fp8_groups")  # fmt: skip
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)

@@ -66,24 +66,40 @@ def split_workspace(split_k: int, rows: int, inter: int, device) -> torch.Tensor
     return torch.empty(split_k, rows, 2 * inter, dtype=torch.float32, device=device)
 
 
+def quantize_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] -> (e4m3 codes [M, K], fp32 scales [M, ceil(K/128)]), per token and 128 columns: the
+    quantization fp8_block's GEMM1 otherwise repeats inside every N-tile program (``FP8_PREQUANT``)."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(m, triton.cdiv(k, 128), dtype=torch.float32, device=x.device)
+    rows = min(16, triton.next_power_of_2(m))
+    gemm._quant_fp8_groups[(triton.cdiv(m, rows), triton.cdiv(k, 128))](
+        x, q, s, m, k, x.stride(0), x.stride(1), q.stride(0), s.stride(0), ROWS=rows, num_warps=4
+    )
+    return q, s
+
+
 def launch_gemm1(
     x, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, out,
     scheme: str, activation: str, alpha: float, limit: float, router_on_input: bool, top_k: int,
-    block_m: int, g: GemmConfig, split_k: int = 1,
+    block_m: int, g: GemmConfig, split_k: int = 1, x_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """GEMM1 into ``out``: the activated intermediate ``[rows, I]``, or with ``split_k > 1``
-    the fp32 partials ``[split_k, rows, 2I]`` (see ``split_workspace``)."""
+    the fp32 partials ``[split_k, rows, 2I]`` (see ``split_workspace``). ``x_scale``: ``x`` holds
+    fp8_block codes from ``quantize_fp8_groups`` and these are their scales."""
     num_m = block_expert.numel()
     inter = w13.shape[1] // 2
     num_experts = w13.shape[0]
     split_stride = out.stride(0) if split_k > 1 else 0
     o_m, o_n = (out.stride(1), out.stride(2)) if split_k > 1 else (out.stride(0), out.stride(1))
+    a_fp8 = x_scale is not None
     gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
-        x, w13, w13_scale if w13_scale is not None else w13, w13_mult if w13_mult is not None else topk_weights,
+        x, x_scale if a_fp8 else x, w13, w13_scale if w13_scale is not None else w13,
+        w13_mult if w13_mult is not None else topk_weights,
         b13 if b13 is not None else x, topk_weights, sorted_ids, block_expert, offsets, out,
         topk_weights.numel(), num_m, inter, x.shape[1], num_experts, float(alpha), float(limit),
-        x.stride(0), x.stride(1), *w13.stride(), *_scale_strides(w13_scale, scheme), *_bias_strides(b13),
-        split_stride, o_m, o_n,
+        x.stride(0), x.stride(1), x_scale.stride(0) if a_fp8 else 0, *w13.stride(),
+        *_scale_strides(w13_scale, scheme), *_bias_strides(b13), split_stride, o_m, o_n, A_FP8=a_fp8,
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b13 is not None,
         ROUTER_ON_INPUT=router_on_input, PRECISION=_precision(x.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(scheme, x), BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
@@ -171,8 +187,10 @@ def run_fused_moe(
         intermediate = split_workspace(split, rows, inter, x.device)
     else:
         intermediate = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
-    launch_gemm1(x, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
-                 scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split)  # fmt: skip
+    a, a_scale = quantize_fp8_groups(x) if scheme == "fp8_block" and configs.FP8_PREQUANT else (x, None)
+    launch_gemm1(a, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
+                 scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split,
+                 a_scale)  # fmt: skip
     by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
     launch_gemm2(intermediate, w2, w2_scale, w2_mult, b2, b13, topk_weights, sorted_ids, block_expert, offsets, y,

@@ -84,6 +84,10 @@ SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
 #: H200 (2026-11-30, gpt-oss-120b) 107.6 / 240.7 / 764.2 us at M = 1 / 8 / 64 against 122.4 / 328.2 / 1086.2 us
 #: with the bit-op path, bitwise the same result (GPU test). ``MOE_TRITON_MXFP4_ASM=0`` turns it off; read at import.
 MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "1") != "0"
+#: fp8_block: quantize the activations once per forward (``launch.quantize_fp8_groups``, one more launch) instead of
+#: inside GEMM1's K loop in every N-tile program. Same codes and scales, same result (GPU test). Off until timed on
+#: the H200 against the in-loop path: ``MOE_TRITON_FP8_PREQUANT=1`` turns it on; read at import.
+FP8_PREQUANT = os.environ.get("MOE_TRITON_FP8_PREQUANT", "0") == "1"
 #: automatic split-K (``split_k_for``) where a config leaves it open. Off by default: on the H200 (2026-11-30) it
 #: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit in the previous session's run) and
 #: fp8_block M=1 ran out of shared memory (the split partials of gate and up, pipelined in GEMM2's prologue).

@@ -48,7 +48,9 @@ from moe_triton.kernels.operands import (
     _rows_tile,
 )
 
-__all__ = ["FLOAT", "FP8_BLOCK", "GELU", "MXFP4", "SILU", "SWIGLU_OAI", "_gemm1", "_gemm2", "_sum_slots"]
+__all__ = [
+    "FLOAT", "FP8_BLOCK", "GELU", "MXFP4", "SILU", "SWIGLU_OAI", "_gemm1", "_gemm2", "_quant_fp8_groups", "_sum_slots",
+]  # fmt: skip
 
 
 @triton.jit
@@ -65,16 +67,20 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _gemm1(
-    x_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
-    stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_be, stride_bn, stride_os, stride_om, stride_on,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
+
+    ``A_FP8`` (fp8_block): ``x`` is already quantized (``_quant_fp8_groups``: e4m3 codes, ``xs`` one fp32
+    scale per row and 128 columns), so the K loop loads codes instead of quantizing the tile in every
+    N-tile program; the same codes and scales, so the same result.
 
     ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
     transposed back once before the epilogue (see ``configs.GemmConfig.swap_ab``).
@@ -136,7 +142,11 @@ def _gemm1(
             bu, su = _dense_tile(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
                                  stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
             if SCHEME == FP8_BLOCK:
-                aq, a_scale = _quant_fp8_rows(a)
+                if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
+                    aq = a
+                    a_scale = tl.load(xs_ptr + token * stride_xsm + k0 // 128, mask=row_ok, other=0.0)
+                else:
+                    aq, a_scale = _quant_fp8_rows(a)
                 acc_g += tl.dot(aq, bg) * a_scale[:, None] * sg[None, :]
                 acc_u += tl.dot(aq, bu) * a_scale[:, None] * su[None, :]
             else:
@@ -240,6 +250,21 @@ def _gemm2(
         acc.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & n_ok[None, :],
     )
+
+
+@triton.jit
+def _quant_fp8_groups(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm, ROWS: tl.constexpr):
+    """Per-token, per-128-column e4m3 quantization of ``x`` (``_quant_fp8_rows``'s formula), once per forward
+    for GEMM1's ``A_FP8`` path: program (row block, column group)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    group = tl.program_id(1)
+    kk = group * 128 + tl.arange(0, 128)
+    row_ok = rows < M
+    a = _rows_tile(x_ptr, rows, row_ok, kk, K, stride_xm, stride_xk)
+    q, scale = _quant_fp8_rows(a)
+    mask = row_ok[:, None] & (kk[None, :] < K)
+    tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + kk[None, :], q, mask=mask)
+    tl.store(s_ptr + rows.to(tl.int64) * stride_sm + group, scale, mask=row_ok)
 
 
 @triton.jit
