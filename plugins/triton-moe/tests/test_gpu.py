@@ -75,3 +75,33 @@ def test_torch_compile_fullgraph_matches_eager(scheme, activation, bias, m):
 
     compiled = forward(x, ids, tw)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scheme,activation,bias,m", [*CASES, ("bf16", "silu", False, 700)])  # 700: two-kernel align
+def test_programmatic_dependent_launch_matches_plain_launches(monkeypatch, scheme, activation, bias, m):
+    """MOE_TRITON_PDL=1 (every kernel waits for its predecessor in its first statement): bitwise the same
+    output, eager and in a CUDA graph (with fp8_block also through the once-per-forward quantization)."""
+    from moe_triton import configs, launch
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs SM90+")
+    monkeypatch.setattr(configs, "FP8_PREQUANT", scheme == "fp8_block")
+    runner, (x, ids, tw) = _runner(scheme, activation, bias, m)
+    plain = runner(x, ids, tw).clone()
+    monkeypatch.setattr(configs, "PDL", True)
+    assert launch.pdl_kwargs(x.device) == {"PDL": True, "launch_pdl": True}
+    assert torch.equal(runner(x, ids, tw), plain)
+    out = torch.empty_like(plain)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        runner(x, ids, tw, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(x, ids, tw, out=out)
+    out.zero_()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)

@@ -69,29 +69,30 @@ def weight_types(scheme, dt):
 
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
-          swap=False, block_m=16, a_fp8=False):  # fmt: skip
+          swap=False, block_m=16, a_fp8=False, pdl=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
-             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8)  # fmt: skip
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, PDL=pdl)  # fmt: skip
     out = "fp32" if split > 1 else dt
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
-           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}")  # fmt: skip
+           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
+           f"{'_pdl' if pdl else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt, out)
     build(gemm._gemm1, (lambda n: "*fp8e4nv" if n == "x_ptr" else types(n)) if a_fp8 else types, c, tag)
 
 
 def gemm2(scheme, act=0, bias=True, split=1, dt="bf16", block_k=128, by_token=False, asm=False, swap=False,
-          block_n=64, block_m=16):  # fmt: skip
+          block_n=64, block_m=16, pdl=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, HAS_BIAS13=bias and split > 1,
              ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token, PRECISION="ieee" if dt == "fp32" else "tf32",
              SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
-             SWAP_AB=swap)  # fmt: skip
+             SWAP_AB=swap, PDL=pdl)  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     a_dt = "fp32" if split > 1 else dt
     tag = (f"g2_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
-           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}")  # fmt: skip
+           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_pdl' if pdl else ''}")  # fmt: skip
     build(gemm._gemm2, lambda n: f"*{a_dt}" if n == "a_ptr" else types(n), c, tag)
 
 
@@ -123,8 +124,15 @@ for split in (1, 4):  # fp8_block with activations quantized once per forward (M
     for bias in (False, True):
         gemm1(1, 0, bias, split, a_fp8=True)
 gemm1(1, 0, False, 1, router=True, a_fp8=True)
-build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
-      dict(ROWS=16), "quant_fp8_groups")  # fmt: skip
+for pdl in (False, True):
+    build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
+          dict(ROWS=16, PDL=pdl), f"quant_fp8_groups{'_pdl' if pdl else ''}")  # fmt: skip
+# programmatic dependent launch (MOE_TRITON_PDL=1): every kernel of the forward with its grid-dependency prologue
+gemm1(0, 0, False, 1, pdl=True)
+gemm1(2, 2, True, 1, asm=True, pdl=True)
+gemm1(1, 0, False, 1, a_fp8=True, pdl=True)
+gemm2(0, 0, True, 1, pdl=True)
+gemm2(2, 2, True, 1, asm=True, pdl=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)
@@ -136,8 +144,12 @@ for cp in (
     dict(E=256, E_POW2=512, BLOCK_M=16, CHUNK=64, PAIR_CHUNK=64, BLOCK_CHUNK=64),
     dict(E=128, E_POW2=256, BLOCK_M=16, CHUNK=256, PAIR_CHUNK=16, BLOCK_CHUNK=16),
 ):  # prefill, decode widths
-    build(align._plan, i32, cp, f"plan E={cp['E']}")
-    build(align._plan_and_scatter, i32, cp, f"plan_and_scatter E={cp['E']} steps {cp['PAIR_CHUNK']}")
-build(align._scatter, i32, dict(CHUNK=256), "scatter")
-build(gemm._sum_slots, lambda n: "*bf16" if n.endswith("_ptr") else "i32", dict(TOP_K=8, BLOCK_N=1024), "sum_slots")
+    for pdl in (False, True):
+        tag = f"E={cp['E']} steps {cp['PAIR_CHUNK']}{' pdl' if pdl else ''}"
+        build(align._plan, i32, {**cp, "PDL": pdl}, f"plan {tag}")
+        build(align._plan_and_scatter, i32, {**cp, "PDL": pdl}, f"plan_and_scatter {tag}")
+for pdl in (False, True):
+    build(align._scatter, i32, dict(CHUNK=256, PDL=pdl), f"scatter{' pdl' if pdl else ''}")
+    build(gemm._sum_slots, lambda n: "*bf16" if n.endswith("_ptr") else "i32", dict(TOP_K=8, BLOCK_N=1024, PDL=pdl),
+          f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
 print("compiled", compiled, "kernels for sm90")

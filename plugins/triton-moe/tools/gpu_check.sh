@@ -10,9 +10,9 @@
 #   tune: TUNE_TOKENS (default 1,8,64,512,4096; each M is saved as soon as it is tuned), TUNE_TIMEOUT seconds.
 #   check: only `moe check triton` on CUDA; gpu-tests: the GPU-marked tests, alignment and kernel-path tests
 #   (not the conformance module, which `check` covers); bench-decode: M=1,8,64 for bf16 (four presets),
-#   fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b), triton only. ab-fp8-prequant: fp8_block decode with
-#   MOE_TRITON_FP8_PREQUANT=0 and =1.
-# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [check] [gpu-tests] [ab] [ab-fp8-prequant] [bench] [bench-quant] [bench-decode]
+#   fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b), triton only. ab-flags: the same decode sizes under
+#   MOE_TRITON_PDL=1 and MOE_TRITON_FP8_PREQUANT=1 against the defaults (tools/ab_flags.py; AB_TOKENS).
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [check] [gpu-tests] [ab] [ab-flags] [bench] [bench-quant] [bench-decode]
 #        [bench-torch] [profile] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -43,12 +43,8 @@ while [ $# -gt 0 ]; do
       moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --tokens 1,8,64 \
         --output "$OUT/decode-mxfp4.json" 2>/dev/null | grep triton
       shift ;;
-    ab-fp8-prequant)
-      # fp8_block decode with the activations quantized inside GEMM1 (0) or once per forward (1)
-      for pre in 0 1; do
-        MOE_TRITON_FP8_PREQUANT=$pre moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 \
-          --tokens 1,8,64 --output "$OUT/fp8-prequant$pre.json" 2>/dev/null | grep triton | sed "s/^/prequant=$pre /"
-      done
+    ab-flags)
+      python3 plugins/triton-moe/tools/ab_flags.py --tokens "${AB_TOKENS:-1,8,64}" --output "$OUT/ab-flags.json"
       shift ;;
     ab)
       # label scheme preset asm; each run twice: split-K as configured (split0) and forced off (split1)

@@ -5,7 +5,9 @@ can be captured in a CUDA graph): align (1-2 small kernels) -> GEMM1 with the
 activation in its epilogue -> GEMM2 with bias and routing weight in its
 epilogue -> sum over the k slots (skipped when k == 1). With split-K (decode)
 GEMM1 writes fp32 partials to a workspace sized from the shapes alone and
-GEMM2's prologue reduces them, so the launch count is unchanged. Registered as
+GEMM2's prologue reduces them, so the launch count is unchanged. With
+``configs.PDL`` every kernel is launched with programmatic dependent launch
+(``pdl_kwargs``) and waits for its predecessor in its first statement. Registered as
 a custom op with a fake implementation so ``torch.compile(fullgraph=True)``
 treats the whole forward as one opaque node.
 
@@ -16,6 +18,8 @@ per-expert multipliers ``w13_mult``/``w2_mult``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -23,6 +27,7 @@ from moe_triton import configs
 from moe_triton.configs import GemmConfig, KernelConfig, resolve_split_k, sanitize, select_config
 from moe_triton.kernels import align as align_mod
 from moe_triton.kernels import gemm
+from moe_triton.kernels.operands import HAS_PDL
 
 SCHEME_IDS = {
     "fp32": gemm.FLOAT,
@@ -56,6 +61,19 @@ def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
     return configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
 
 
+def pdl_kwargs(device: torch.device) -> dict:
+    """Launch keywords for programmatic dependent launch (``configs.PDL``; CUDA SM90+ with Triton's
+    grid-dependency intrinsics), else none: every kernel of the forward takes them."""
+    if configs.PDL and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
+        return {"PDL": True, "launch_pdl": True}
+    return {}
+
+
+@functools.cache
+def _sm90_or_newer(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def _swap_ab(scheme: str, g: GemmConfig) -> bool:
     """Swapped operands (``GemmConfig.swap_ab``): implemented for the MXFP4 main loop only."""
     return g.swap_ab and scheme == "mxfp4"
@@ -66,7 +84,7 @@ def split_workspace(split_k: int, rows: int, inter: int, device) -> torch.Tensor
     return torch.empty(split_k, rows, 2 * inter, dtype=torch.float32, device=device)
 
 
-def quantize_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_groups(x: torch.Tensor, pdl: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] -> (e4m3 codes [M, K], fp32 scales [M, ceil(K/128)]), per token and 128 columns: the
     quantization fp8_block's GEMM1 otherwise repeats inside every N-tile program (``FP8_PREQUANT``)."""
     m, k = x.shape
@@ -74,7 +92,7 @@ def quantize_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty(m, triton.cdiv(k, 128), dtype=torch.float32, device=x.device)
     rows = min(16, triton.next_power_of_2(m))
     gemm._quant_fp8_groups[(triton.cdiv(m, rows), triton.cdiv(k, 128))](
-        x, q, s, m, k, x.stride(0), x.stride(1), q.stride(0), s.stride(0), ROWS=rows, num_warps=4
+        x, q, s, m, k, x.stride(0), x.stride(1), q.stride(0), s.stride(0), ROWS=rows, num_warps=4, **(pdl or {})
     )
     return q, s
 
@@ -82,7 +100,7 @@ def quantize_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def launch_gemm1(
     x, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, out,
     scheme: str, activation: str, alpha: float, limit: float, router_on_input: bool, top_k: int,
-    block_m: int, g: GemmConfig, split_k: int = 1, x_scale: torch.Tensor | None = None,
+    block_m: int, g: GemmConfig, split_k: int = 1, x_scale: torch.Tensor | None = None, pdl: dict | None = None,
 ) -> None:  # fmt: skip
     """GEMM1 into ``out``: the activated intermediate ``[rows, I]``, or with ``split_k > 1``
     the fp32 partials ``[split_k, rows, 2I]`` (see ``split_workspace``). ``x_scale``: ``x`` holds
@@ -103,14 +121,14 @@ def launch_gemm1(
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation], HAS_BIAS=b13 is not None,
         ROUTER_ON_INPUT=router_on_input, PRECISION=_precision(x.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(scheme, x), BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        SWAP_AB=_swap_ab(scheme, g), num_warps=g.num_warps, num_stages=g.num_stages,
+        SWAP_AB=_swap_ab(scheme, g), num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
 def launch_gemm2(
     a, w2, w2_scale, w2_mult, b2, b13, topk_weights, sorted_ids, block_expert, offsets, y,
     scheme: str, activation: str, alpha: float, limit: float, router_on_input: bool, top_k: int,
-    block_m: int, g: GemmConfig, by_token: bool, split_k: int = 1,
+    block_m: int, g: GemmConfig, by_token: bool, split_k: int = 1, pdl: dict | None = None,
 ) -> None:  # fmt: skip
     """GEMM2 + bias + routing weight into ``y``: ``[M*k, H]``, or ``[M, H]`` when ``by_token``.
 
@@ -134,7 +152,7 @@ def launch_gemm2(
         HAS_BIAS13=use_b13, ROUTER_ON_INPUT=router_on_input, OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(scheme, y), BLOCK_M=block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(scheme, g),
-        num_warps=g.num_warps, num_stages=g.num_stages,
+        num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
@@ -180,25 +198,27 @@ def run_fused_moe(
         else select_config(scheme, num_experts, h, inter, top_k, m, x.device)
     )
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
-    sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m)
+    pdl = pdl_kwargs(x.device)
+    sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m, pdl)
     topk_weights = topk_weights.reshape(-1).contiguous()
     rows = block_expert.numel() * cfg.block_m
     if split > 1:
         intermediate = split_workspace(split, rows, inter, x.device)
     else:
         intermediate = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
-    a, a_scale = quantize_fp8_groups(x) if scheme == "fp8_block" and configs.FP8_PREQUANT else (x, None)
+    a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and configs.FP8_PREQUANT else (x, None)
     launch_gemm1(a, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
                  scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split,
-                 a_scale)  # fmt: skip
+                 a_scale, pdl)  # fmt: skip
     by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
     launch_gemm2(intermediate, w2, w2_scale, w2_mult, b2, b13, topk_weights, sorted_ids, block_expert, offsets, y,
                  scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token,
-                 split)  # fmt: skip
+                 split, pdl)  # fmt: skip
     if not by_token:
         block = min(1024, triton.next_power_of_2(h))
-        gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, h, y.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block)
+        gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, h, y.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block,
+                                                    **pdl)  # fmt: skip
 
 
 @torch.library.custom_op("moe_triton::fused_moe", mutates_args=("out",))

@@ -88,6 +88,10 @@ MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "1") != "0"
 #: inside GEMM1's K loop in every N-tile program. Same codes and scales, same result (GPU test). Off until timed on
 #: the H200 against the in-loop path: ``MOE_TRITON_FP8_PREQUANT=1`` turns it on; read at import.
 FP8_PREQUANT = os.environ.get("MOE_TRITON_FP8_PREQUANT", "0") == "1"
+#: programmatic dependent launch between the forward's kernels (SM90+, ``launch.pdl_kwargs``): each kernel may start
+#: while its predecessor finishes and waits in its first statement for that kernel's writes. Off until timed on the
+#: H200: ``MOE_TRITON_PDL=1`` turns it on; read at import.
+PDL = os.environ.get("MOE_TRITON_PDL", "0") == "1"
 #: automatic split-K (``split_k_for``) where a config leaves it open. Off by default: on the H200 (2026-11-30) it
 #: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit in the previous session's run) and
 #: fp8_block M=1 ran out of shared memory (the split partials of gate and up, pipelined in GEMM2's prologue).

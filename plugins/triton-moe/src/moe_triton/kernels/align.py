@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_triton.kernels.operands import _pdl_start
+
 
 @triton.jit
 def _plan(
@@ -40,7 +42,9 @@ def _plan(
     CHUNK: tl.constexpr,
     PAIR_CHUNK: tl.constexpr,  # pairs per histogram step: [PAIR_CHUNK, E_POW2] compares
     BLOCK_CHUNK: tl.constexpr,  # blocks per owner step: [BLOCK_CHUNK, E_POW2] compares
+    PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros((E_POW2,), dtype=tl.int32)
     for start in range(0, num_pairs, PAIR_CHUNK):
@@ -71,11 +75,11 @@ def _plan(
 def _plan_and_scatter(
     ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, num_pairs, max_rows, max_blocks,
     E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PAIR_CHUNK: tl.constexpr,
-    BLOCK_CHUNK: tl.constexpr,
+    BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Both steps in one program, for small batches (decode): one launch instead of two."""
     _plan(ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, num_pairs, max_rows, max_blocks,
-          E, E_POW2, BLOCK_M, CHUNK, PAIR_CHUNK, BLOCK_CHUNK)  # fmt: skip
+          E, E_POW2, BLOCK_M, CHUNK, PAIR_CHUNK, BLOCK_CHUNK, PDL)  # fmt: skip
     tl.debug_barrier()  # the plan's global writes are visible to every thread of this program
     for start in range(0, num_pairs, PAIR_CHUNK):
         offs = start + tl.arange(0, PAIR_CHUNK)
@@ -87,7 +91,8 @@ def _plan_and_scatter(
 
 
 @triton.jit
-def _scatter(ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr):
+def _scatter(ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     mask = offs < num_pairs
     ids = tl.load(ids_ptr + offs, mask=mask, other=0)
@@ -115,11 +120,12 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return min(num_experts, num_pairs) + triton.cdiv(num_pairs, block_m)
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: dict | None = None):
     """(sorted pair ids [max_rows], block experts [max_blocks], offsets [E+1]).
 
     ``offsets[E]`` (on the device) is the number of padded rows in use; blocks
-    past it have expert ``E`` and rows past it hold the sentinel ``M*k``.
+    past it have expert ``E`` and rows past it hold the sentinel ``M*k``. ``pdl``: the launch
+    keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none.
     """
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous() or ids.dtype != torch.int32:
@@ -139,9 +145,11 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
         PAIR_CHUNK=_chunk_for(num_pairs, chunk), BLOCK_CHUNK=_chunk_for(n_blocks, chunk),
     )  # fmt: skip
     args = (ids, offsets, cursor, block_expert, sorted_ids, num_pairs, max_rows, n_blocks)
+    pdl = pdl or {}
     if num_pairs <= SINGLE_PROGRAM_PAIRS:
-        _plan_and_scatter[(1,)](*args, **sizes, num_warps=4)
+        _plan_and_scatter[(1,)](*args, **sizes, num_warps=4, **pdl)
         return sorted_ids, block_expert, offsets
-    _plan[(1,)](*args, **sizes, num_warps=4)
-    _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, CHUNK=256, num_warps=4)
+    _plan[(1,)](*args, **sizes, num_warps=4, **pdl)
+    _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, CHUNK=256, num_warps=4,
+                                             **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets

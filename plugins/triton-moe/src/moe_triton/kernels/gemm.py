@@ -44,6 +44,7 @@ from moe_triton.kernels.operands import (
     _dense_tile,
     _gemm2_a,
     _mxfp4_chunk,
+    _pdl_start,
     _quant_fp8_rows,
     _rows_tile,
 )
@@ -74,7 +75,7 @@ def _gemm1(
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
 
@@ -85,6 +86,7 @@ def _gemm1(
     ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
     transposed back once before the epilogue (see ``configs.GemmConfig.swap_ab``).
     """
+    _pdl_start(PDL)
     num_n = tl.cdiv(N_HALF, BLOCK_N)
     tiles = num_m * num_n
     pid = tl.program_id(0)
@@ -187,10 +189,11 @@ def _gemm2(
     HAS_BIAS13: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2; ``SPLIT_K`` is GEMM1's (its A operand is then the partials, see ``_gemm2_a``);
     ``SWAP_AB`` as in ``_gemm1``."""
+    _pdl_start(PDL)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
@@ -253,9 +256,12 @@ def _gemm2(
 
 
 @triton.jit
-def _quant_fp8_groups(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm, ROWS: tl.constexpr):
+def _quant_fp8_groups(
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm, ROWS: tl.constexpr, PDL: tl.constexpr = False
+):  # fmt: skip
     """Per-token, per-128-column e4m3 quantization of ``x`` (``_quant_fp8_rows``'s formula), once per forward
     for GEMM1's ``A_FP8`` path: program (row block, column group)."""
+    _pdl_start(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     group = tl.program_id(1)
     kk = group * 128 + tl.arange(0, 128)
@@ -268,8 +274,11 @@ def _quant_fp8_groups(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm
 
 
 @triton.jit
-def _sum_slots(y_ptr, out_ptr, N, stride_ym, stride_om, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_slots(
+    y_ptr, out_ptr, N, stride_ym, stride_om, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False
+):  # fmt: skip
     """out[t] = sum over the k slots of y[t*k + j], in a fixed order (deterministic)."""
+    _pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = n < N

@@ -10,6 +10,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (SM90+): Triton >= 3.4 ships the grid-dependency intrinsics
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_PDL = True
+except ImportError:  # pragma: no cover - older Triton: the PDL constexpr is never set
+    HAS_PDL = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+
 FLOAT = tl.constexpr(0)
 FP8_BLOCK = tl.constexpr(1)
 MXFP4 = tl.constexpr(2)
@@ -164,6 +180,17 @@ def _quant_fp8_rows(a):
     scale = tl.maximum(amax, 1e-10) / 448.0
     q = (a.to(tl.float32) / scale[:, None]).to(tl.float8e4nv)
     return q, scale
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """First statement of every kernel of the forward. With programmatic dependent launch (``PDL``, the
+    kernel launched with ``launch_pdl``) the kernel may start while its predecessor still runs: it waits
+    here until the predecessor's writes are visible, then lets its own successor launch early, so each
+    launch's latency overlaps the previous kernel's tail. A no-op without PDL."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
