@@ -30,6 +30,21 @@ def _runner(scheme, activation, bias, m=33):
     return runner, random_inputs(cfg, m, "cuda")
 
 
+def _captured(runner, x, ids, tw):
+    """(CUDA graph of one forward into ``out``, ``out`` zeroed): warmed up on a side stream, then captured."""
+    out = torch.empty(x.shape[0], runner.config.hidden_size, dtype=x.dtype, device=x.device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        runner(x, ids, tw, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(x, ids, tw, out=out)
+    out.zero_()
+    return graph, out
+
+
 def test_decode_shape_uses_split_k_when_automatic_split_is_on(monkeypatch):
     from moe_triton import configs
 
@@ -42,16 +57,7 @@ def test_decode_shape_uses_split_k_when_automatic_split_is_on(monkeypatch):
 def test_cuda_graph_replay_matches_eager(scheme, activation, bias, m):
     runner, (x, ids, tw) = _runner(scheme, activation, bias, m)
     eager = runner(x, ids, tw).clone()
-    out = torch.empty_like(eager)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        runner(x, ids, tw, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        runner(x, ids, tw, out=out)
-    out.zero_()
+    graph, out = _captured(runner, x, ids, tw)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
@@ -91,16 +97,7 @@ def test_programmatic_dependent_launch_matches_plain_launches(monkeypatch, schem
     monkeypatch.setattr(configs, "PDL", True)
     assert launch.pdl_kwargs(x.device) == {"PDL": True, "launch_pdl": True}
     assert torch.equal(runner(x, ids, tw), plain)
-    out = torch.empty_like(plain)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        runner(x, ids, tw, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        runner(x, ids, tw, out=out)
-    out.zero_()
+    graph, out = _captured(runner, x, ids, tw)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
