@@ -163,3 +163,25 @@ def test_custom_op_opcheck(quantized):
     torch.library.opcheck(
         launch.fused_moe, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )
+
+
+def test_tuner_skips_candidates_that_fail_to_build_and_reraises_the_rest():
+    pytest.importorskip("triton")
+    from triton.compiler.errors import CompilationError
+
+    from moe_triton.tune import _safe
+
+    logged = []
+
+    def fails(exc):
+        def bench(fn):
+            raise exc
+
+        return bench
+
+    assert _safe(fails(CompilationError("src", None, "cannot lower")), None, logged.append) == float("inf")
+    assert _safe(fails(RuntimeError("PassManager::run failed")), None, logged.append) == float("inf")
+    assert len(logged) == 2 and "did not compile" in logged[0]
+    with pytest.raises(ValueError):
+        _safe(fails(ValueError("a real bug")), None, logged.append)
+    assert _safe(lambda fn: 0.5, None, logged.append) == 0.5

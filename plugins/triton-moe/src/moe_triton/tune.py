@@ -144,23 +144,30 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                     f"gemm2 {t2[c2] * 1e3:.1f} us {c2}")  # fmt: skip
                 if total < best_total:
                     best_total, best = total, KernelConfig(block_m, c1, c2, split)
+        if best is None:
+            raise RuntimeError(f"no tile candidate of {scheme} E={e} H={h} I={i} k={k} ran at M={m} (see the log)")
         result[m] = best
         if on_result is not None:
             on_result(m, best)
     return result
 
 
+def _compile_failure(exc: Exception) -> bool:
+    """Triton could not build this candidate (frontend, MLIR pass or ptxas): skip it, not the whole run."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"CompilationError", "PTXASError", "TritonError"}) or "PassManager" in str(exc)
+
+
 def _safe(bench, fn, log=print) -> float:
     """Median time of a candidate; infinite (never chosen) if it does not fit or does not compile."""
-    from triton.compiler.errors import CompilationError
-
     try:
         return bench(fn)
-    except CompilationError as exc:  # e.g. a tile shape this Triton cannot lower: reported, not chosen
-        log(f"  candidate did not compile ({type(exc).__name__}): {str(exc).splitlines()[-1][:160]}")
-        return float("inf")
     except Exception as exc:
         if "out of resource" in str(exc) or "OutOfResources" in type(exc).__name__:
+            return float("inf")
+        if _compile_failure(exc):  # e.g. a tile shape this Triton cannot lower: reported, not chosen
+            lines = str(exc).strip().splitlines() or [""]
+            log(f"  candidate did not compile ({type(exc).__name__}): {lines[-1][:160]}")
             return float("inf")
         raise
 
