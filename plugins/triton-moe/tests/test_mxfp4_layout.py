@@ -116,8 +116,8 @@ def _decode_asm_all_bytes(b_ptr, lo_ptr, hi_ptr):
     offs = tl.arange(0, 32)[:, None] * 8 + tl.arange(0, 8)[None, :]
     b = tl.load(b_ptr + offs)
     scale = tl.full((8,), 8.507059173023462e37, tl.bfloat16)  # 2**126
-    tl.store(lo_ptr + offs, _e2m1_scaled_asm(b, scale, False).to(tl.float32))
-    tl.store(hi_ptr + offs, _e2m1_scaled_asm(b, scale, True).to(tl.float32))
+    tl.store(lo_ptr + offs, _e2m1_scaled_asm(b, scale[None, :], False).to(tl.float32))
+    tl.store(hi_ptr + offs, _e2m1_scaled_asm(b, scale[None, :], True).to(tl.float32))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on CUDA only")

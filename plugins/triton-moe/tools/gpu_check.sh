@@ -20,16 +20,18 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e core -e plugins/triton-moe 2>&1 | tail -2
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 moe() { python3 -m moe_core.cli "$@"; }
+check_triton() {
+  moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
+  python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+}
 while [ $# -gt 0 ]; do
   case "$1" in
     tests)
       python3 -m pytest plugins/triton-moe/tests -q -x -rs 2>&1 | tail -15 | tee "$OUT/pytest-triton.txt"
-      moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
-      python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+      check_triton
       shift ;;
     check)
-      moe check triton --json > "$OUT/check-triton-cuda.json"; echo "moe check triton exit $?"
-      python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+      check_triton
       shift ;;
     gpu-tests)
       python3 -m pytest plugins/triton-moe/tests/test_gpu.py plugins/triton-moe/tests/test_plugin.py \

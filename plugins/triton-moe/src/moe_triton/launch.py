@@ -75,8 +75,8 @@ def _sm90_or_newer(device: torch.device) -> bool:
 
 
 def _swap_ab(scheme: str, g: GemmConfig) -> bool:
-    """Swapped operands (``GemmConfig.swap_ab``): implemented for the MXFP4 main loop only."""
-    return g.swap_ab and scheme == "mxfp4"
+    """Swapped operands where asked for and implemented (the tuner passes configs that skip ``sanitize``)."""
+    return g.swap_ab and configs.swap_ab_supported(scheme)
 
 
 def split_workspace(split_k: int, rows: int, inter: int, device) -> torch.Tensor:

@@ -30,8 +30,8 @@ from moe_triton.configs import (
     KernelConfig,
     device_slug,
     heuristic_config,
-    min_block_k,
-    sanitize,
+    legal_block_k,
+    swap_ab_supported,
     table_key,
 )
 
@@ -63,7 +63,6 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
         plan = [(32, _MEDIUM), (64, _MEDIUM)]
     else:
         plan = [(64, _LARGE), (128, _LARGE)]
-    kmin = min_block_k(scheme)
     out = []
     for block_m, shapes in plan:
         # the heuristic default always competes, so tuning can only improve on it
@@ -71,10 +70,10 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
         shapes = [(h.block_n, h.block_k, h.num_warps, h.num_stages), *shapes]
         gemms, seen = [], set()
         # mxfp4 also tries swapped operands (GemmConfig.swap_ab) where the weight tile fills a wgmma (N >= 64)
-        swaps = (False, True) if scheme == "mxfp4" else (False,)
+        swaps = (False, True) if swap_ab_supported(scheme) else (False,)
         for swap in swaps:
             for bn, bk, w, s in shapes:
-                bk = sanitize(KernelConfig(block_m, GemmConfig(bn, max(bk, kmin))), scheme).gemm1.block_k
+                bk = legal_block_k(scheme, bk)
                 key = (bn, bk, w, s, swap)
                 if key not in seen and (not swap or bn >= 64):
                     seen.add(key)

@@ -104,17 +104,27 @@ def min_block_k(scheme: str) -> int:
     return 128 if scheme == "fp8_block" else 64 if scheme == "mxfp4" else 16
 
 
+def swap_ab_supported(scheme: str) -> bool:
+    """``GemmConfig.swap_ab`` is implemented for the MXFP4 main loop only."""
+    return scheme == "mxfp4"
+
+
+def legal_block_k(scheme: str, block_k: int) -> int:
+    """The nearest BLOCK_K at or above ``block_k`` the scheme's kernels accept (fp8_block: 128; mxfp4: a
+    multiple of 64; others: at least 16)."""
+    if scheme == "fp8_block":
+        return 128
+    step = min_block_k(scheme)
+    return max(step, -(-block_k // step) * step)
+
+
 def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
-    """Make BLOCK_K legal for the scheme (fp8_block: 128; mxfp4: a multiple of 64), e.g. for an older table;
-    ``swap_ab`` only where it is implemented (mxfp4)."""
+    """Make BLOCK_K legal for the scheme (``legal_block_k``), e.g. for an older table; ``swap_ab`` only
+    where it is implemented (mxfp4)."""
 
     def fix(g: GemmConfig) -> GemmConfig:
-        if scheme == "fp8_block":
-            bk = 128
-        else:
-            step = min_block_k(scheme)
-            bk = max(step, -(-g.block_k // step) * step)
-        swap = g.swap_ab and scheme == "mxfp4"
+        bk = legal_block_k(scheme, g.block_k)
+        swap = g.swap_ab and swap_ab_supported(scheme)
         return g if (bk, swap) == (g.block_k, g.swap_ab) else replace(g, block_k=bk, swap_ab=swap)
 
     return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2))

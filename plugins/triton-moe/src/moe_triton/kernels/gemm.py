@@ -67,6 +67,17 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
+    """``acc += a @ w`` for a ``[BLOCK_M, K]`` row tile and a ``[K, BLOCK_N]`` weight tile, or with ``SWAP_AB``
+    ``acc^T += w @ a^T`` (``w`` given as ``[BLOCK_N, K]``, ``acc`` as ``[BLOCK_N, BLOCK_M]``)."""
+    if SWAP_AB:
+        out = tl.dot(w, tl.trans(a), acc, input_precision=PRECISION)
+    else:
+        out = tl.dot(a, w, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
 def _gemm1(
     x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
@@ -125,18 +136,10 @@ def _gemm1(
                 u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
                                           stride_wk, stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM,
                                           SWAP_AB)  # fmt: skip
-                if SWAP_AB:
-                    a_lo = tl.trans(a_lo)
-                    a_hi = tl.trans(a_hi)
-                    acc_g = tl.dot(g_lo, a_lo, acc_g, input_precision=PRECISION)
-                    acc_g = tl.dot(g_hi, a_hi, acc_g, input_precision=PRECISION)
-                    acc_u = tl.dot(u_lo, a_lo, acc_u, input_precision=PRECISION)
-                    acc_u = tl.dot(u_hi, a_hi, acc_u, input_precision=PRECISION)
-                else:
-                    acc_g = tl.dot(a_lo, g_lo, acc_g, input_precision=PRECISION)
-                    acc_g = tl.dot(a_hi, g_hi, acc_g, input_precision=PRECISION)
-                    acc_u = tl.dot(a_lo, u_lo, acc_u, input_precision=PRECISION)
-                    acc_u = tl.dot(a_hi, u_hi, acc_u, input_precision=PRECISION)
+                acc_g = _mma(a_lo, g_lo, acc_g, SWAP_AB, PRECISION)
+                acc_g = _mma(a_hi, g_hi, acc_g, SWAP_AB, PRECISION)
+                acc_u = _mma(a_lo, u_lo, acc_u, SWAP_AB, PRECISION)
+                acc_u = _mma(a_hi, u_hi, acc_u, SWAP_AB, PRECISION)
         else:
             a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
             bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
@@ -222,12 +225,8 @@ def _gemm2(
                                 dot_dtype)  # fmt: skip
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
                                           stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
-                if SWAP_AB:
-                    acc = tl.dot(b_lo, tl.trans(a_lo), acc, input_precision=PRECISION)
-                    acc = tl.dot(b_hi, tl.trans(a_hi), acc, input_precision=PRECISION)
-                else:
-                    acc = tl.dot(a_lo, b_lo, acc, input_precision=PRECISION)
-                    acc = tl.dot(a_hi, b_hi, acc, input_precision=PRECISION)
+                acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
+                acc = _mma(a_hi, b_hi, acc, SWAP_AB, PRECISION)
         else:
             a = _gemm2_a(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_as, stride_am, stride_ak,
                          b13_ptr, stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,

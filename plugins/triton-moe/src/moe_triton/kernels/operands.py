@@ -61,15 +61,10 @@ E2M1_HI_ASM = tl.constexpr(_E2M1_ASM.format(mask="0x00F000F0", mult="0x0104"))
 
 
 @triton.jit
-def _e2m1_scaled_asm(packed, scale, HIGH: tl.constexpr, N_ROWS: tl.constexpr = False):
-    """CUDA-only, bf16: ``_scaled(_e2m1_half(packed, HIGH), scale)`` in inline PTX, 4 bytes per call.
-
-    ``N_ROWS``: the tile is ``[N, K]`` (swapped operands), so the ``[N]`` scale runs down the rows.
-    """
-    if N_ROWS:
-        s = tl.broadcast_to(scale[:, None], packed.shape)
-    else:
-        s = tl.broadcast_to(scale[None, :], packed.shape)
+def _e2m1_scaled_asm(packed, scale, HIGH: tl.constexpr):
+    """CUDA-only, bf16: ``_scaled(_e2m1_half(packed, HIGH), scale)`` in inline PTX, 4 bytes per call;
+    ``scale`` broadcasts against ``packed`` (a ``[1, N]`` or ``[N, 1]`` row of folded scales)."""
+    s = tl.broadcast_to(scale, packed.shape)
     if HIGH:
         out = tl.inline_asm_elementwise(E2M1_HI_ASM, "=r,=r,r,r,r", [packed, s], dtype=tl.bfloat16, is_pure=True,
                                         pack=4)  # fmt: skip
@@ -108,16 +103,12 @@ def _e2m1_half(packed, HIGH: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _scaled(w, scale, DTYPE: tl.constexpr, N_ROWS: tl.constexpr = False):
-    """Decoded half tile times its ``[N]`` folded scale (along columns, or rows for an ``[N, K]`` tile)."""
-    if N_ROWS:
-        s = scale[:, None]
-    else:
-        s = scale[None, :]
+def _scaled(w, scale, DTYPE: tl.constexpr):
+    """Decoded half tile times its folded scales (broadcast: ``[1, N]`` or ``[N, 1]``), in the dot's dtype."""
     if DTYPE == tl.bfloat16:
-        out = w * s
+        out = w * scale
     else:
-        out = (w * s.to(tl.float32)).to(DTYPE)
+        out = (w * scale.to(tl.float32)).to(DTYPE)
     return out
 
 
@@ -134,24 +125,22 @@ def _mxfp4_chunk(
     ``N_ROWS`` returns ``[BLOCK_N, 32]`` halves instead (the swapped-operand GEMMs), loaded that way
     round, so the decode runs in whatever register layout the MMA wants for its first operand.
     """
-    j = tl.arange(0, HALF)
+    byte = kc // 2 + tl.arange(0, HALF)
     s_ok = n_ok & (kc + 0 * n < K)  # a tensor compare: the interpreter cannot mask with tensor & scalar bool
-    w_base = w_ptr + expert * stride_we
-    if N_ROWS:
-        packed = tl.load(w_base + n[:, None] * stride_wn + (kc // 2 + j)[None, :] * stride_wk, mask=s_ok[:, None],
-                         other=0)  # fmt: skip
-    else:
-        packed = tl.load(w_base + n[None, :] * stride_wn + (kc // 2 + j)[:, None] * stride_wk, mask=s_ok[None, :],
-                         other=0)  # fmt: skip
     s_row = s_ptr + expert * stride_se + (kc // 32) * stride_sg + n * stride_sn
     s_lo = tl.load(s_row, mask=s_ok, other=0.0)
     s_hi = tl.load(s_row + stride_sg, mask=s_ok, other=0.0)
-    if DECODE_ASM and DTYPE == tl.bfloat16:
-        lo = _e2m1_scaled_asm(packed, s_lo, False, N_ROWS)
-        hi = _e2m1_scaled_asm(packed, s_hi, True, N_ROWS)
+    if N_ROWS:  # [N, 32] tiles: everything indexed by n runs down the rows
+        n2, byte2, s_ok2, s_lo, s_hi = n[:, None], byte[None, :], s_ok[:, None], s_lo[:, None], s_hi[:, None]
     else:
-        lo = _scaled(_e2m1_half(packed, False, DTYPE), s_lo, DTYPE, N_ROWS)
-        hi = _scaled(_e2m1_half(packed, True, DTYPE), s_hi, DTYPE, N_ROWS)
+        n2, byte2, s_ok2, s_lo, s_hi = n[None, :], byte[:, None], s_ok[None, :], s_lo[None, :], s_hi[None, :]
+    packed = tl.load(w_ptr + expert * stride_we + n2 * stride_wn + byte2 * stride_wk, mask=s_ok2, other=0)
+    if DECODE_ASM and DTYPE == tl.bfloat16:
+        lo = _e2m1_scaled_asm(packed, s_lo, False)
+        hi = _e2m1_scaled_asm(packed, s_hi, True)
+    else:
+        lo = _scaled(_e2m1_half(packed, False, DTYPE), s_lo, DTYPE)
+        hi = _scaled(_e2m1_half(packed, True, DTYPE), s_hi, DTYPE)
     return lo, hi
 
 
