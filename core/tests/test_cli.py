@@ -149,3 +149,14 @@ def test_bench_json_and_output_file(capsys, tmp_path):
 def test_bench_bad_tokens(capsys):
     code, _, err = run_cli(capsys, "bench", "--tokens", "1,x")
     assert code == 2 and "comma-separated integers" in err
+
+
+def test_preset_config_carries_the_whole_shape():
+    import torch
+
+    from moe_core.presets import PRESETS
+
+    cfg = PRESETS["gpt-oss-120b"].config("mxfp4", torch.bfloat16)
+    assert (cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size) == (128, 4, 2880, 2880)
+    assert cfg.activation == "swiglu_oai" and cfg.has_bias and cfg.quant_scheme == "mxfp4"
+    assert cfg.dtype == torch.bfloat16

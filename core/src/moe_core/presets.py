@@ -20,6 +20,14 @@ class ShapePreset:
     has_bias: bool = False
     description: str = ""
 
+    def config(self, quant_scheme: str, dtype):
+        """This shape as a ``MoeConfig`` (what ``moe bench`` and a backend's tuner build per preset)."""
+        from moe_core.config import MoeConfig  # torch is imported only when a config is built
+
+        return MoeConfig(self.num_experts, self.top_k, self.hidden_size, self.intermediate_size,
+                         quant_scheme=quant_scheme, activation=self.activation, has_bias=self.has_bias,
+                         dtype=dtype)  # fmt: skip
+
 
 PRESETS: dict[str, ShapePreset] = {
     p.name: p

@@ -21,14 +21,12 @@ import torch
 def profile_row(preset: str, scheme: str, m: int, repeat: int = 20) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from moe_core import MoeConfig, MoeRunner
+    from moe_core import MoeRunner
     from moe_core.bench import time_forward
     from moe_core.presets import PRESETS
     from moe_core.synthetic import random_inputs, random_weights
 
-    p = PRESETS[preset]
-    config = MoeConfig(p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, quant_scheme=scheme,
-                       activation=p.activation, has_bias=p.has_bias, dtype=torch.bfloat16)  # fmt: skip
+    config = PRESETS[preset].config(scheme, torch.bfloat16)
     device = torch.device("cuda")
     runner = MoeRunner(config, random_weights(config, device), backend="triton")
     x, ids, tw = random_inputs(config, m, device, seed=1)

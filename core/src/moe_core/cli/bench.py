@@ -63,7 +63,6 @@ def run(args) -> int:
     from rich.progress import Progress
 
     from moe_core.bench import bench_row, measure_ceilings
-    from moe_core.config import MoeConfig
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_weights
@@ -89,17 +88,7 @@ def run(args) -> int:
     rows = []
     with Progress(console=console, transient=True) as progress:
         for name in presets:
-            p = PRESETS[name]
-            config = MoeConfig(
-                p.num_experts,
-                p.top_k,
-                p.hidden_size,
-                p.intermediate_size,
-                quant_scheme=args.scheme or args.dtype,
-                activation=p.activation,
-                has_bias=p.has_bias,
-                dtype=dtype,
-            )
+            config = PRESETS[name].config(args.scheme or args.dtype, dtype)
             weights = random_weights(config, device)
             backends = _backends_for(config, device, args.backend)
             task = progress.add_task(f"{name}", total=len(backends) * len(tokens))

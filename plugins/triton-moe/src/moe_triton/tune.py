@@ -196,7 +196,6 @@ def default_table_path(device) -> Path:
 
 def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, device="cuda", log=print) -> Path:
     """Tune each preset at each token count; merge into ``output`` (default: the packaged table)."""
-    from moe_core import MoeConfig
     from moe_core.presets import PRESETS
     from moe_core.synthetic import random_weights
     from moe_triton.layout import prepare_weights
@@ -209,9 +208,7 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
     )
     path = output or default_table_path(device)
     for name in presets:
-        p = PRESETS[name]
-        cfg = MoeConfig(p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, quant_scheme=scheme,
-                        activation=p.activation, has_bias=p.has_bias, dtype=dtype)  # fmt: skip
+        cfg = PRESETS[name].config(scheme, dtype)
         weights = prepare_weights(scheme, random_weights(cfg, device))
         log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device)}")
         t0 = time.time()
