@@ -1,6 +1,6 @@
 """Kernel paths the conformance suite does not reach on its own, forced through explicit configs.
 
-Split-K (GEMM1 partials reduced in GEMM2's prologue), the MXFP4 chunk loop
+Split-K (GEMM1 partials reduced by the tile's last program), the MXFP4 chunk loop
 with BLOCK_K 128/256 and K tails that are not a multiple of 64, experts whose
 folded scales need the shift multiplier, and the automatic split heuristic.
 Each forward is compared with the float64 oracle; split-K is also checked to
@@ -100,6 +100,39 @@ def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, b
     plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m))
     assert relative_l2(out, plain) <= tolerance("mxfp4", HALF) / 4
     assert configs.sanitize(_kc(64, 1, swap=(True, True)), "bf16").gemm1.swap_ab is False
+
+
+def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_gemm1():
+    """The split reduction's arrival counters: ``align(zero=...)`` clears them, and each tile's reducing
+    program clears its own again, so repeated GEMM1 launches on one buffer (the tuner's replays) reduce
+    every time, bitwise the same, and agree with the unsplit GEMM1."""
+    from moe_triton.kernels.align import align, max_blocks
+
+    scheme = "fp32" if not CUDA else "bf16"
+    cfg = MoeConfig(8, 2, 192, 96, quant_scheme=scheme, activation="silu", dtype=FLOAT, has_bias=True)
+    p = prepare_weights(scheme, random_weights(cfg, DEVICE))
+    x, ids, tw = random_inputs(cfg, 5, DEVICE)
+    tw = tw.reshape(-1).contiguous()
+    n_blocks, g = max_blocks(10, 8, 16), _kc(32, 3).gemm1
+    partials, counters = launch.split_buffers(3, n_blocks, 16, 96, g.block_n, DEVICE)
+    counters.fill_(7)
+    index = align(ids, 8, 16, zero=counters)
+    assert counters.numel() == n_blocks * 3 and not counters.any()
+    with pytest.raises(ValueError, match="int32"):
+        align(ids, 8, 16, zero=torch.zeros(4, device=DEVICE))
+
+    def gemm1(split_k, split=None):
+        out = torch.zeros(n_blocks * 16, 96, dtype=FLOAT, device=DEVICE)
+        launch.launch_gemm1(x, p.w13, p.w13_scale, p.w13_mult, p.b13, tw, *index, out, scheme, "silu", 1.702, 7.0,
+                            False, 2, 16, g, split_k, split=split)  # fmt: skip
+        return out
+
+    first = gemm1(3, (partials, counters))
+    assert not counters.any()
+    assert torch.equal(gemm1(3, (partials, counters)), first)
+    assert relative_l2(first, gemm1(1)) <= tolerance(scheme, FLOAT)
+    with pytest.raises(ValueError, match="split_buffers"):
+        gemm1(3)
 
 
 def test_mxfp4_expert_with_shifted_scales():

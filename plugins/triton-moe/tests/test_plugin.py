@@ -185,3 +185,30 @@ def test_tuner_skips_candidates_that_fail_to_build_and_reraises_the_rest():
     with pytest.raises(ValueError):
         _safe(fails(ValueError("a real bug")), None, logged.append)
     assert _safe(lambda fn: 0.5, None, logged.append) == 0.5
+
+
+def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
+    """``tune_shape`` end to end at a toy shape with a stand-in clock: every candidate really runs (the
+    split ones with their partials and counters), and the split with the smallest time wins."""
+    pytest.importorskip("triton")
+    from moe_core.synthetic import random_weights
+    from moe_triton import tune
+    from moe_triton.configs import GemmConfig
+    from moe_triton.layout import prepare_weights
+
+    gemms = [GemmConfig(32, 32, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2)]
+    monkeypatch.setattr(tune, "candidates", lambda scheme, rows_per_expert: [(16, gemms)])
+    ran = []
+
+    def clock(fn):
+        fn()
+        split = fn.keywords.get("split_k", 0)
+        ran.append(split)
+        return {0: 1.0, 1: 3.0, 2: 2.0}.get(split, 2.5)  # GEMM2 (no split), unsplit GEMM1, GEMM1 split 2, ...
+
+    monkeypatch.setattr(tune, "_bench", clock)
+    cfg = MoeConfig(8, 2, 128, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32, has_bias=True)
+    weights = prepare_weights("fp32", random_weights(cfg, "cpu"))
+    best = tune.tune_shape(cfg, weights, [1], "cpu", log=lambda line: None)[1]
+    assert best.split_k == 2 and best.block_m == 16
+    assert sorted(set(ran)) == [0, 1, *tune.SPLITS] and ran.count(0) == len(gemms)

@@ -1,8 +1,9 @@
 """A/B the forward's opt-in switches on a GPU: each setting in its own process (the flags are read at import).
 
-Settings: ``base`` (defaults), ``pdl`` (``MOE_TRITON_PDL=1``), ``prequant`` (``MOE_TRITON_FP8_PREQUANT=1``,
-fp8_block only) and ``pdl+prequant``. For each, ``moe bench`` (CUDA-graph replay, median) at decode sizes on
-bf16 (the four presets), fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b); one JSON with every row and
+Settings: ``base`` (defaults: fp8_block activations quantized once per forward), ``pdl``
+(``MOE_TRITON_PDL=1``), ``in-loop`` (``MOE_TRITON_FP8_PREQUANT=0``, fp8_block only) and ``pdl+in-loop``.
+For each, ``moe bench`` (CUDA-graph replay, median) at decode sizes on bf16 (the four presets), fp8_block
+(deepseek-v3-tp8) and mxfp4 (gpt-oss-120b); one JSON with every row and
 a table of each setting's time against ``base``.
 
     python plugins/triton-moe/tools/ab_flags.py --tokens 1,8,64 --output ab-flags.json
@@ -21,10 +22,10 @@ from pathlib import Path
 SETTINGS = {
     "base": {},
     "pdl": {"MOE_TRITON_PDL": "1"},
-    "prequant": {"MOE_TRITON_FP8_PREQUANT": "1"},
-    "pdl+prequant": {"MOE_TRITON_PDL": "1", "MOE_TRITON_FP8_PREQUANT": "1"},
+    "in-loop": {"MOE_TRITON_FP8_PREQUANT": "0"},
+    "pdl+in-loop": {"MOE_TRITON_PDL": "1", "MOE_TRITON_FP8_PREQUANT": "0"},
 }
-RUNS = [  # (scheme, presets); prequant changes fp8_block only
+RUNS = [  # (scheme, presets); in-loop changes fp8_block only
     ("bf16", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-tp8", "gpt-oss-120b"]),
     ("fp8_block", ["deepseek-v3-tp8"]),
     ("mxfp4", ["gpt-oss-120b"]),

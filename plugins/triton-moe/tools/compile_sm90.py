@@ -3,7 +3,7 @@
 Run without TRITON_INTERPRET (the interpreter replaces @triton.jit functions).
 The H200 runs Triton 3.6, stricter than the 3.9 used here, so every constexpr
 branch the forward can take is compiled: each scheme x activation x bias x
-split-K (GEMM1 partials / GEMM2 prologue), the MXFP4 chunk loop at BLOCK_K
+split-K (GEMM1 partials and their in-kernel reduction), the MXFP4 chunk loop at BLOCK_K
 64/128/256, and the fp16/fp32 activations of the interpreter tests.
 ``--dump DIR`` writes each variant's TTGIR/PTX there (to inspect layouts).
 """
@@ -38,7 +38,9 @@ def gemm_types(dt, wdt, sdt, out_dt=None):
             return f"*{sdt}"
         if name in ("topk_w_ptr", "mult_ptr", "xs_ptr"):
             return "*fp32"
-        if name in ("sorted_ptr", "block_expert_ptr", "offsets_ptr"):
+        if name == "part_ptr":
+            return "*fp32"
+        if name in ("sorted_ptr", "block_expert_ptr", "offsets_ptr", "count_ptr"):
             return "*i32"
         if name == "out_ptr":
             return f"*{out_dt or dt}"
@@ -74,26 +76,22 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, PDL=pdl)  # fmt: skip
-    out = "fp32" if split > 1 else dt
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{'_pdl' if pdl else ''}")  # fmt: skip
-    types = gemm_types(dt, wdt, sdt, out)
+    types = gemm_types(dt, wdt, sdt)
     build(gemm._gemm1, (lambda n: "*fp8e4nv" if n == "x_ptr" else types(n)) if a_fp8 else types, c, tag)
 
 
-def gemm2(scheme, act=0, bias=True, split=1, dt="bf16", block_k=128, by_token=False, asm=False, swap=False,
-          block_n=64, block_m=16, pdl=False):  # fmt: skip
+def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
+          pdl=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
-    c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, HAS_BIAS13=bias and split > 1,
-             ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token, PRECISION="ieee" if dt == "fp32" else "tf32",
-             SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
-             SWAP_AB=swap, PDL=pdl)  # fmt: skip
-    types = gemm_types(dt, wdt, sdt)
-    a_dt = "fp32" if split > 1 else dt
-    tag = (f"g2_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
+    c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
+             PRECISION="ieee" if dt == "fp32" else "tf32", DECODE_ASM=asm, BLOCK_M=block_m, BLOCK_N=block_n,
+             BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, PDL=pdl)  # fmt: skip
+    tag = (f"g2_s{scheme}_b{int(bias)}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_pdl' if pdl else ''}")  # fmt: skip
-    build(gemm._gemm2, lambda n: f"*{a_dt}" if n == "a_ptr" else types(n), c, tag)
+    build(gemm._gemm2, gemm_types(dt, wdt, sdt), c, tag)
 
 
 for scheme in (0, 1, 2):
@@ -101,26 +99,24 @@ for scheme in (0, 1, 2):
         for bias in (False, True):
             for split in (1, 4):
                 gemm1(scheme, act, bias, split)
-    for split in (1, 4):
-        for bias in (False, True):
-            gemm2(scheme, 2 if split > 1 else 0, bias, split)
+    for bias in (False, True):
+        gemm2(scheme, bias)
     gemm1(scheme, 0, False, 1, router=True)
-    gemm2(scheme, 0, True, 1, by_token=True)
+    gemm2(scheme, True, by_token=True)
 for block_k in (64, 256):  # MXFP4 chunk loop unrolled 1x and 4x (128 above)
     gemm1(2, 2, True, 1, block_k=block_k)
     gemm1(2, 2, True, 2, block_k=block_k)
-    gemm2(2, 2, True, 2, block_k=block_k)
-for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (MOE_TRITON_MXFP4_ASM=1)
+    gemm2(2, True, block_k=block_k)
+for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (the default on CUDA with bf16)
     for split in (1, 2):
         gemm1(2, 2, True, split, block_k=block_k, asm=True)
-        gemm2(2, 2, True, split, block_k=block_k, asm=True)
+    gemm2(2, True, block_k=block_k, asm=True)
 for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (128, 128, 64)):  # swapped operands
     for asm in (True, False):
         gemm1(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
-        gemm2(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
+        gemm2(2, True, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
 gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
-gemm2(2, 2, True, 2, block_k=128, asm=True, swap=True)
-for split in (1, 4):  # fp8_block with activations quantized once per forward (MOE_TRITON_FP8_PREQUANT=1)
+for split in (1, 4):  # fp8_block with activations quantized once per forward (FP8_PREQUANT)
     for bias in (False, True):
         gemm1(1, 0, bias, split, a_fp8=True)
 gemm1(1, 0, False, 1, router=True, a_fp8=True)
@@ -129,15 +125,17 @@ for pdl in (False, True):
           dict(ROWS=16, PDL=pdl), f"quant_fp8_groups{'_pdl' if pdl else ''}")  # fmt: skip
 # programmatic dependent launch (MOE_TRITON_PDL=1): every kernel of the forward with its grid-dependency prologue
 gemm1(0, 0, False, 1, pdl=True)
+gemm1(0, 0, False, 4, pdl=True)
 gemm1(2, 2, True, 1, asm=True, pdl=True)
 gemm1(1, 0, False, 1, a_fp8=True, pdl=True)
-gemm2(0, 0, True, 1, pdl=True)
-gemm2(2, 2, True, 1, asm=True, pdl=True)
+gemm2(0, True, pdl=True)
+gemm2(2, True, asm=True, pdl=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)
     gemm1(0, 0, False, 2, dt=dt)
-    gemm2(2, 2, True, 2, dt=dt)
+    gemm1(2, 2, True, 2, dt=dt)
+    gemm2(2, True, dt=dt)
 
 i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
 for cp in (

@@ -8,9 +8,9 @@ fastest kept. Candidate lists are short and regime-specific (decode, medium,
 large rows per expert) so a preset tunes in minutes, not hours.
 
 In the decode regime split-K is tuned too: for each split in ``SPLITS`` GEMM1
-(writing partials) and GEMM2 (reducing them in its prologue) are re-timed on
-the few tiles that were fastest unsplit, and the split with the smallest sum
-wins (1 = off is always a candidate). Weights are prepared first
+(writing partials, its last program per tile reducing them) is re-timed on the
+few tiles that were fastest unsplit, and the fastest split wins (1 = off is
+always a candidate); GEMM2 does not depend on the split. Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 """
 
@@ -51,7 +51,7 @@ _LARGE = [
 ]  # fmt: skip
 #: K splits tried at decode (re-timing the fastest unsplit tiles)
 SPLITS = (2, 4, 8)
-#: how many of the fastest unsplit tiles each split re-times, per GEMM
+#: how many of the fastest unsplit GEMM1 tiles each split re-times
 SPLIT_TOP = 4
 
 
@@ -86,15 +86,9 @@ def _bench(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
-def _time_split(run1, run2, rows: int, inter: int, dtype, device, split: int, gemms1, gemms2):
-    """Times of each GEMM1 / GEMM2 candidate at this split (GEMM2 reading GEMM1's output layout for it)."""
-    if split > 1:
-        a = launch.split_workspace(split, rows, inter, device).zero_()
-    else:
-        a = torch.zeros(rows, inter, dtype=dtype, device=device)
-    t1 = {c: _safe(_bench, functools.partial(run1, a, g=c, split_k=split)) for c in gemms1}
-    t2 = {c: _safe(_bench, functools.partial(run2, a, g=c, by_token=False, split_k=split)) for c in gemms2}
-    return t1, t2
+def _time_gemm1(run1, split: int, gemms, scratch) -> dict:
+    """Times of GEMM1 candidates at this split (``scratch(block_n)``: that split's partials and counters)."""
+    return {c: _safe(_bench, functools.partial(run1, g=c, split_k=split, split=scratch(c.block_n))) for c in gemms}
 
 
 def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=None) -> dict[int, KernelConfig]:
@@ -119,24 +113,31 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
             sorted_ids, block_expert, offsets = align_mod.align(ids, e, block_m)
             rows = block_expert.numel() * block_m
             y = torch.empty(m * k, h, dtype=x.dtype, device=device)
+            a = torch.zeros(rows, i, dtype=x.dtype, device=device)
 
-            def run1(a, g, split_k, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), x=x):
+            def run1(g, split_k, split, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), x=x, a=a):
                 launch.launch_gemm1(x, w.w13, w.w13_scale, w.w13_mult, w.b13, *index, a, scheme, *act, block_m, g,
-                                    split_k)  # fmt: skip
+                                    split_k, split=split)  # fmt: skip
 
-            def run2(a, g, by_token, split_k, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), y=y):
-                launch.launch_gemm2(a, w.w2, w.w2_scale, w.w2_mult, w.b2, w.b13, *index, y, scheme, *act, block_m, g,
-                                    by_token, split_k)  # fmt: skip
+            def run2(g, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), y=y, a=a):
+                launch.launch_gemm2(a, w.w2, w.w2_scale, w.w2_mult, w.b2, *index, y, scheme, act[3], k, block_m, g,
+                                    False)  # fmt: skip
 
-            timing = functools.partial(_time_split, run1, run2, rows, i, x.dtype, device)
-            t1, t2 = timing(1, gemms, gemms)
-            trials = {1: (t1, t2)}
+            n_blocks = block_expert.numel()
+
+            def scratch(block_n, split, block_m=block_m, n_blocks=n_blocks):
+                if split == 1:
+                    return None
+                partials, counters = launch.split_buffers(split, n_blocks, block_m, i, block_n, device)
+                return partials, counters.zero_()  # GEMM1's reducing programs leave them zeroed between replays
+
+            t2 = {c: _safe(_bench, functools.partial(run2, g=c)) for c in gemms}
+            trials = {1: _time_gemm1(run1, 1, gemms, functools.partial(scratch, split=1))}
             if m * k / e <= 16:  # decode: GEMM1 may not fill the GPU, try K splits on the best tiles
-                top1 = sorted(t1, key=t1.get)[:SPLIT_TOP]
-                top2 = sorted(t2, key=t2.get)[:SPLIT_TOP]
+                top1 = sorted(trials[1], key=trials[1].get)[:SPLIT_TOP]
                 for split in SPLITS:
-                    trials[split] = timing(split, top1, top2)
-            for split, (t1, t2) in trials.items():
+                    trials[split] = _time_gemm1(run1, split, top1, functools.partial(scratch, split=split))
+            for split, t1 in trials.items():
                 c1, c2 = min(t1, key=t1.get), min(t2, key=t2.get)
                 total = t1[c1] + t2[c2]
                 log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {t1[c1] * 1e3:.1f} us {c1}, "

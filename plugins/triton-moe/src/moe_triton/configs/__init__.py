@@ -85,17 +85,19 @@ SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
 #: with the bit-op path, bitwise the same result (GPU test). ``MOE_TRITON_MXFP4_ASM=0`` turns it off; read at import.
 MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "1") != "0"
 #: fp8_block: quantize the activations once per forward (``launch.quantize_fp8_groups``, one more launch) instead of
-#: inside GEMM1's K loop in every N-tile program. Same codes and scales, same result (GPU test). Off until timed on
-#: the H200 against the in-loop path: ``MOE_TRITON_FP8_PREQUANT=1`` turns it on; read at import.
-FP8_PREQUANT = os.environ.get("MOE_TRITON_FP8_PREQUANT", "0") == "1"
+#: inside GEMM1's K loop in every N-tile program. Same codes and scales, same result (GPU test). On by default: on
+#: the H200 (2026-11-30, deepseek-v3-tp8) 35.4 / 120.5 / 397.6 us at M = 1 / 8 / 64 against 39.0 / 127.4 / 403.4 us
+#: in-loop (``tools/ab_flags.py``). ``MOE_TRITON_FP8_PREQUANT=0`` turns it off; read at import.
+FP8_PREQUANT = os.environ.get("MOE_TRITON_FP8_PREQUANT", "1") != "0"
 #: programmatic dependent launch between the forward's kernels (SM90+, ``launch.pdl_kwargs``): each kernel may start
-#: while its predecessor finishes and waits in its first statement for that kernel's writes. Off until timed on the
-#: H200: ``MOE_TRITON_PDL=1`` turns it on; read at import.
+#: while its predecessor finishes and waits in its first statement for that kernel's writes. Off by default: on the
+#: H200 (2026-11-30, ``tools/ab_flags.py``) it gained 0-7% on most decode rows but cost 22% on gpt-oss-120b mxfp4
+#: M=1 (83.3 against 64.7 us) and 4% on mixtral-8x7b M=1. ``MOE_TRITON_PDL=1`` turns it on; read at import.
 PDL = os.environ.get("MOE_TRITON_PDL", "0") == "1"
 #: automatic split-K (``split_k_for``) where a config leaves it open. Off by default: on the H200 (2026-11-30) it
-#: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit in the previous session's run) and
-#: fp8_block M=1 ran out of shared memory (the split partials of gate and up, pipelined in GEMM2's prologue).
-#: ``MOE_TRITON_AUTO_SPLIT_K=1`` turns it on; a tuned entry may still pin a split that measured faster.
+#: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit, when GEMM2 still reduced the partials).
+#: The tuner measures splits per shape instead. ``MOE_TRITON_AUTO_SPLIT_K=1`` turns it on; a tuned entry may still
+#: pin a split that measured faster.
 AUTO_SPLIT_K = os.environ.get("MOE_TRITON_AUTO_SPLIT_K", "0") == "1"
 
 

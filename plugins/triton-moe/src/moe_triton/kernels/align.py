@@ -8,7 +8,8 @@ decode step launches a handful of programs, not one per possible expert.
 1. ``_plan`` (one program): histogram of expert ids, padded segment offsets
    (each expert's pairs padded to a multiple of BLOCK_M), the number of used
    padded rows, the expert of every block, the padding sentinel everywhere,
-   and zeroed per-expert cursors.
+   zeroed per-expert cursors and, optionally, a caller's int32 buffer (GEMM1's
+   split-K arrival counters: zeroing them here costs no extra launch).
 2. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
    claims the next row of its expert's segment with an atomic increment.
 
@@ -33,9 +34,11 @@ def _plan(
     cursor_ptr,  # [E] int32: zeroed here, used by _scatter
     block_expert_ptr,  # [max_blocks] int32: expert of each BLOCK_M block (E for unused blocks)
     sorted_ptr,  # [max_rows] int32: filled with the sentinel num_pairs
+    zero_ptr,  # [num_zero] int32: zeroed here (GEMM1's split-K arrival counters)
     num_pairs,
     max_rows,
     max_blocks,
+    num_zero,
     E: tl.constexpr,
     E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -69,17 +72,20 @@ def _plan(
     for start in range(0, max_rows, CHUNK):
         rows = start + tl.arange(0, CHUNK)
         tl.store(sorted_ptr + rows, tl.full((CHUNK,), 0, tl.int32) + num_pairs, mask=rows < max_rows)
+    for start in range(0, num_zero, CHUNK):
+        idx = start + tl.arange(0, CHUNK)
+        tl.store(zero_ptr + idx, tl.zeros((CHUNK,), dtype=tl.int32), mask=idx < num_zero)
 
 
 @triton.jit
 def _plan_and_scatter(
-    ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, num_pairs, max_rows, max_blocks,
-    E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PAIR_CHUNK: tl.constexpr,
-    BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, zero_ptr, num_pairs, max_rows, max_blocks,
+    num_zero, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    PAIR_CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Both steps in one program, for small batches (decode): one launch instead of two."""
-    _plan(ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, num_pairs, max_rows, max_blocks,
-          E, E_POW2, BLOCK_M, CHUNK, PAIR_CHUNK, BLOCK_CHUNK, PDL)  # fmt: skip
+    _plan(ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, zero_ptr, num_pairs, max_rows, max_blocks,
+          num_zero, E, E_POW2, BLOCK_M, CHUNK, PAIR_CHUNK, BLOCK_CHUNK, PDL)  # fmt: skip
     tl.debug_barrier()  # the plan's global writes are visible to every thread of this program
     for start in range(0, num_pairs, PAIR_CHUNK):
         offs = start + tl.arange(0, PAIR_CHUNK)
@@ -120,12 +126,15 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return min(num_experts, num_pairs) + triton.cdiv(num_pairs, block_m)
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: dict | None = None):
+def align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: dict | None = None, zero: torch.Tensor | None = None
+):
     """(sorted pair ids [max_rows], block experts [max_blocks], offsets [E+1]).
 
     ``offsets[E]`` (on the device) is the number of padded rows in use; blocks
     past it have expert ``E`` and rows past it hold the sentinel ``M*k``. ``pdl``: the launch
-    keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none.
+    keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none. ``zero``: a
+    contiguous int32 buffer to zero on the way (GEMM1's split-K counters), or none.
     """
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous() or ids.dtype != torch.int32:
@@ -144,7 +153,11 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: dict | No
         E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=chunk,
         PAIR_CHUNK=_chunk_for(num_pairs, chunk), BLOCK_CHUNK=_chunk_for(n_blocks, chunk),
     )  # fmt: skip
-    args = (ids, offsets, cursor, block_expert, sorted_ids, num_pairs, max_rows, n_blocks)
+    if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
+        raise ValueError(f"align zeroes a contiguous int32 buffer, got {zero.dtype}")
+    num_zero = zero.numel() if zero is not None else 0
+    zero = zero if zero is not None else cursor  # never written when num_zero == 0
+    args = (ids, offsets, cursor, block_expert, sorted_ids, zero, num_pairs, max_rows, n_blocks, num_zero)
     pdl = pdl or {}
     if num_pairs <= SINGLE_PROGRAM_PAIRS:
         _plan_and_scatter[(1,)](*args, **sizes, num_warps=4, **pdl)

@@ -10,7 +10,9 @@ Both walk the block-padded, expert-sorted rows built by ``align``: program
   ``[rows, I]`` once — no ``[rows, 2I]`` round trip through memory.
   With ``SPLIT_K > 1`` (decode: too few (expert block, N tile) programs to
   fill the GPU) each program covers one K slice and writes fp32 partials
-  ``[SPLIT_K, rows, 2I]``; bias and activation then move to GEMM2's prologue.
+  ``[SPLIT_K, rows, 2I]``; the last program of a tile to finish (an atomic
+  arrival counter per tile) sums them in split order and runs the same
+  epilogue, so GEMM2 always reads the activated intermediate.
 - ``_gemm2``: the intermediate times ``w2``; the epilogue adds the bias,
   multiplies by the routing weight and writes each (token, slot) pair to its
   own row of ``[M*k, H]`` (a deterministic place; the k slots are summed by
@@ -42,7 +44,6 @@ from moe_triton.kernels.operands import (
     SWIGLU_OAI,
     _activate,
     _dense_tile,
-    _gemm2_a,
     _mxfp4_chunk,
     _pdl_start,
     _quant_fp8_rows,
@@ -80,15 +81,21 @@ def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _gemm1(
     x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
+    part_ptr, count_ptr, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
     stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_os, stride_om, stride_on,
+    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
+
+    ``SPLIT_K > 1``: ``part_ptr`` is the fp32 workspace ``[SPLIT_K, rows, 2I]`` and ``count_ptr`` one int32
+    arrival counter per (row block, N tile), zero at launch (``align`` zeroes them; the reducing program
+    zeroes its counter again, so back-to-back launches on one buffer also work). Each program stores its
+    partials and increments the tile's counter (release); the one that sees ``SPLIT_K - 1`` (acquire) reads
+    all partials in split order, so the result does not depend on which split finished last.
 
     ``A_FP8`` (fp8_block): ``x`` is already quantized (``_quant_fp8_groups``: e4m3 codes, ``xs`` one fp32
     scale per row and 128 columns), so the K loop loads codes instead of quantizing the tile in every
@@ -168,34 +175,45 @@ def _gemm1(
         w = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)
         acc_g = acc_g * w[:, None]
         acc_u = acc_u * w[:, None]
-    out_rows = out_ptr + split * stride_os + rows.to(tl.int64)[:, None] * stride_om
     out_mask = row_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            bias = bias_ptr + expert * stride_be
-            acc_g += tl.load(bias + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            acc_u += tl.load(bias + (n + N_HALF) * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        h = _activate(acc_g, acc_u, alpha, limit, ACTIVATION)
-        tl.store(out_rows + n[None, :] * stride_on, h.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(out_rows + n[None, :] * stride_on, acc_g, mask=out_mask)
-        tl.store(out_rows + (n + N_HALF)[None, :] * stride_on, acc_u, mask=out_mask)
+    if SPLIT_K > 1:
+        # fp32 partials of this K slice; the last of the tile's SPLIT_K programs to finish sums them
+        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm
+        tl.store(part + split * stride_ps + n[None, :] * stride_pn, acc_g, mask=out_mask)
+        tl.store(part + split * stride_ps + (n + N_HALF)[None, :] * stride_pn, acc_u, mask=out_mask)
+        tl.debug_barrier()  # every thread's partials are written before the release below
+        tile = count_ptr + pid % tiles
+        if tl.atomic_add(tile, 1, sem="acq_rel") < SPLIT_K - 1:
+            return
+        tl.atomic_xchg(tile, 0)  # leave the counter zeroed for the next launch on this buffer
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):  # a fixed order whichever split arrived last: deterministic
+            acc_g += tl.load(part + s * stride_ps + n[None, :] * stride_pn, mask=out_mask, other=0.0,
+                             cache_modifier=".cg")  # fmt: skip
+            acc_u += tl.load(part + s * stride_ps + (n + N_HALF)[None, :] * stride_pn, mask=out_mask, other=0.0,
+                             cache_modifier=".cg")  # fmt: skip
+    if HAS_BIAS:
+        bias = bias_ptr + expert * stride_be
+        acc_g += tl.load(bias + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bias + (n + N_HALF) * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    h = _activate(acc_g, acc_u, alpha, limit, ACTIVATION)
+    out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on
+    tl.store(out, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _gemm2(
-    a_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, b13_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    num_pairs, num_m, N, K, num_experts, alpha, limit,
-    stride_as, stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_b13e, stride_b13n, stride_om, stride_on,
-    TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_BIAS13: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
+    a_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    num_pairs, num_m, N, K, num_experts,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_be, stride_bn, stride_om, stride_on,
+    TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
+    OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM2; ``SPLIT_K`` is GEMM1's (its A operand is then the partials, see ``_gemm2_a``);
-    ``SWAP_AB`` as in ``_gemm1``."""
+    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB`` as in ``_gemm1``."""
     _pdl_start(PDL)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _tile_ids(tl.program_id(0), num_m, num_n, GROUP_M)
@@ -217,20 +235,14 @@ def _gemm2(
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
                 kk = kc + tl.arange(0, HALF)
-                a_lo = _gemm2_a(a_ptr, rows, row_ok, kk, K, stride_as, stride_am, stride_ak, b13_ptr,
-                                stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
-                                dot_dtype)  # fmt: skip
-                a_hi = _gemm2_a(a_ptr, rows, row_ok, kk + HALF, K, stride_as, stride_am, stride_ak, b13_ptr,
-                                stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
-                                dot_dtype)  # fmt: skip
+                a_lo = _rows_tile(a_ptr, rows, row_ok, kk, K, stride_am, stride_ak)
+                a_hi = _rows_tile(a_ptr, rows, row_ok, kk + HALF, K, stride_am, stride_ak)
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
                                           stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
                 acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
                 acc = _mma(a_hi, b_hi, acc, SWAP_AB, PRECISION)
         else:
-            a = _gemm2_a(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_as, stride_am, stride_ak,
-                         b13_ptr, stride_b13e, stride_b13n, expert, alpha, limit, ACTIVATION, HAS_BIAS13, SPLIT_K,
-                         dot_dtype)  # fmt: skip
+            a = _rows_tile(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_am, stride_ak)
             b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
             if SCHEME == FP8_BLOCK:

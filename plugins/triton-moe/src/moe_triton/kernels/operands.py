@@ -2,7 +2,7 @@
 
 Kept apart from ``gemm.py`` so each piece stays small: weight tiles per scheme
 (MXFP4 in the prepared chunked layout of ``moe_triton.layout``), activation
-tiles (including GEMM2's split-K prologue) and the gated activations.
+tiles and the gated activations.
 """
 
 from __future__ import annotations
@@ -204,32 +204,3 @@ def _rows_tile(ptr, rows, row_ok, kk, K, stride_m, stride_k):
         mask=row_ok[:, None] & (kk[None, :] < K),
         other=0.0,
     )
-
-
-@triton.jit
-def _gemm2_a(
-    a_ptr, rows, row_ok, kk, K, stride_as, stride_am, stride_ak, b13_ptr, stride_b13e, stride_b13n, expert,
-    alpha, limit, ACTIVATION: tl.constexpr, HAS_BIAS13: tl.constexpr, SPLIT_K: tl.constexpr, DTYPE: tl.constexpr,
-):  # fmt: skip
-    """GEMM2's A tile ``[BLOCK_M, len(kk)]``.
-
-    ``SPLIT_K == 1``: the activated intermediate ``[rows, I]`` GEMM1 wrote. Otherwise
-    GEMM1 left fp32 partial sums ``[SPLIT_K, rows, 2I]`` (gate columns, then up): they
-    are summed in a fixed order (deterministic), the b13 bias added and the
-    activation applied here, so split-K costs no extra launch.
-    """
-    if SPLIT_K == 1:
-        a = _rows_tile(a_ptr, rows, row_ok, kk, K, stride_am, stride_ak)
-    else:
-        g = _rows_tile(a_ptr, rows, row_ok, kk, K, stride_am, stride_ak).to(tl.float32)
-        u = _rows_tile(a_ptr + K * stride_ak, rows, row_ok, kk, K, stride_am, stride_ak).to(tl.float32)
-        for s in tl.static_range(1, SPLIT_K):
-            part = a_ptr + s * stride_as
-            g += _rows_tile(part, rows, row_ok, kk, K, stride_am, stride_ak)
-            u += _rows_tile(part + K * stride_ak, rows, row_ok, kk, K, stride_am, stride_ak)
-        if HAS_BIAS13:
-            bias = b13_ptr + expert * stride_b13e
-            g += tl.load(bias + kk * stride_b13n, mask=kk < K, other=0.0).to(tl.float32)[None, :]
-            u += tl.load(bias + (kk + K) * stride_b13n, mask=kk < K, other=0.0).to(tl.float32)[None, :]
-        a = _activate(g, u, alpha, limit, ACTIVATION).to(DTYPE)
-    return a
