@@ -207,8 +207,10 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
         return {0: 1.0, 1: 3.0, 2: 2.0}.get(split, 2.5)  # GEMM2 (no split), unsplit GEMM1, GEMM1 split 2, ...
 
     monkeypatch.setattr(tune, "_bench", clock)
-    cfg = MoeConfig(8, 2, 128, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32, has_bias=True)
-    weights = prepare_weights("fp32", random_weights(cfg, "cpu"))
-    best = tune.tune_shape(cfg, weights, [1], "cpu", log=lambda line: None)[1]
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
+    scheme, dtype = ("bf16", torch.bfloat16) if device == "cuda" else ("fp32", torch.float32)
+    cfg = MoeConfig(8, 2, 128, 64, quant_scheme=scheme, activation="silu", dtype=dtype, has_bias=True)
+    weights = prepare_weights(scheme, random_weights(cfg, device))
+    best = tune.tune_shape(cfg, weights, [1], device, log=lambda line: None)[1]
     assert best.split_k == 2 and best.block_m == 16
     assert sorted(set(ran)) == [0, 1, *tune.SPLITS] and ran.count(0) == len(gemms)

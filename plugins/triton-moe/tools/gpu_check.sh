@@ -35,8 +35,8 @@ while [ $# -gt 0 ]; do
       shift ;;
     gpu-tests)
       python3 -m pytest plugins/triton-moe/tests/test_gpu.py plugins/triton-moe/tests/test_plugin.py \
-        plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_mxfp4_layout.py -q -rs \
-        -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/pytest-triton-gpu.txt"
+        plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_mxfp4_layout.py -q -rfs \
+        -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest-triton-gpu.txt"
       shift ;;
     bench-decode)
       moe bench --backend triton --tokens 1,8,64 --output "$OUT/decode-bf16.json" 2>/dev/null | grep triton
