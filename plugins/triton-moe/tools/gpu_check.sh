@@ -13,7 +13,7 @@
 #   fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b), triton only. ab-flags: the same decode sizes under
 #   MOE_TRITON_PDL=1 and MOE_TRITON_FP8_PREQUANT=1 against the defaults (tools/ab_flags.py; AB_TOKENS).
 # Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [check] [gpu-tests] [ab] [ab-flags] [bench] [bench-quant] [bench-decode]
-#        [bench-torch] [profile] [tune SCHEME PRESET...]
+#        [bench-torch] [profile] [ncu] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -79,13 +79,26 @@ while [ $# -gt 0 ]; do
       python3 plugins/triton-moe/tools/profile_launches.py --preset gpt-oss-120b --scheme mxfp4 \
         --tokens "${PROFILE_TOKENS:-1,8}" --output "$OUT/profile-mxfp4.json" 2>&1 | grep -v Warn
       shift ;;
+    ncu)
+      # hardware counters of GEMM1/GEMM2 at M=1 (NCU_RUNS: "preset:scheme ..."), one text report per run
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for run in ${NCU_RUNS:-gpt-oss-120b:mxfp4 gpt-oss-120b:bf16 deepseek-v3-tp8:fp8_block}; do
+        preset=${run%%:*}; scheme=${run##*:}
+        timeout 150 "$NCU" --clock-control none -k regex:_gemm --launch-skip 2 --launch-count 2 \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+          --section LaunchStats python3 plugins/triton-moe/tools/ncu_forward.py --preset "$preset" \
+          --scheme "$scheme" --tokens "${NCU_TOKENS:-1}" > "$OUT/ncu-$preset-$scheme.txt" 2>&1
+        echo "ncu $preset $scheme exit $?"
+        grep -E "^  _gemm|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per|Achieved Occupancy|Grid Size|Warp Cycles Per Issued" "$OUT/ncu-$preset-$scheme.txt" | head -40
+      done
+      shift ;;
     bench-torch)
       moe bench --backend triton --backend torch --output "$OUT/bench-triton-torch-bf16.json" --plot "$OUT/bench-bf16.png" | tail -45
       shift ;;
     tune)
       scheme=$2; shift 2; presets=()
       while [ $# -gt 0 ] && [[ "$1" != tests && "$1" != check && "$1" != gpu-tests && "$1" != ab* && "$1" != bench* && "$1" != tune &&
-              "$1" != profile ]]; do
+              "$1" != profile && "$1" != ncu ]]; do
         presets+=(--preset "$1"); shift
       done
       timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" \
