@@ -1,6 +1,6 @@
 """Kernel paths the conformance suite does not reach on its own, forced through explicit configs.
 
-Split-K (GEMM1 partials reduced by the tile's last program), the MXFP4 chunk loop
+Split-K (each GEMM's partials reduced by the tile's last program), the MXFP4 chunk loop
 with BLOCK_K 128/256 and K tails that are not a multiple of 64, experts whose
 folded scales need the shift multiplier, and the automatic split heuristic.
 Each forward is compared with the float64 oracle; split-K is also checked to
@@ -37,12 +37,13 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
     return out
 
 
-def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False)) -> configs.KernelConfig:
+def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None):
+    """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own."""
     g1, g2 = (
         configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
         for s in swap
     )
-    return configs.KernelConfig(block_m, g1, g2, split_k)
+    return configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
 
 
 def _check(cfg, weights, m, kernel_config, seed=1):
@@ -70,10 +71,12 @@ def test_split_k_matches_reference_and_is_deterministic(scheme, dtype, act, bias
     cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias,
                     apply_router_weight_on_input=on_input)  # fmt: skip
     weights = random_weights(cfg, DEVICE)
-    out, inputs = _check(cfg, weights, 5, _kc(block_k, split))
+    out, inputs = _check(cfg, weights, 5, _kc(block_k, split))  # both GEMMs split
     assert torch.equal(_forward(cfg, weights, *inputs, _kc(block_k, split)), out)
     unsplit = _forward(cfg, weights, *inputs, _kc(block_k, 1))
     assert relative_l2(out, unsplit) <= tolerance(scheme, dtype)
+    for one_gemm in (_kc(block_k, split, split2=1), _kc(block_k, 1, split2=split)):
+        assert relative_l2(_forward(cfg, weights, *inputs, one_gemm), unsplit) <= tolerance(scheme, dtype)
 
 
 @pytest.mark.parametrize("h,i,block_k", [(96, 160, 128), (160, 96, 256), (2880 // 10, 2880 // 10, 128)])
@@ -102,10 +105,10 @@ def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, b
     assert configs.sanitize(_kc(64, 1, swap=(True, True)), "bf16").gemm1.swap_ab is False
 
 
-def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_gemm1():
-    """The split reduction's arrival counters: ``align(zero=...)`` clears them, and each tile's reducing
-    program clears its own again, so repeated GEMM1 launches on one buffer (the tuner's replays) reduce
-    every time, bitwise the same, and agree with the unsplit GEMM1."""
+def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_the_gemms():
+    """The split reductions' arrival counters: ``align(zero=...)`` clears them, and each tile's reducing
+    program clears its own again, so repeated launches on one buffer (the tuner's replays) reduce every
+    time, bitwise the same, and agree with the unsplit GEMMs."""
     from moe_triton.kernels.align import align, max_blocks
 
     scheme = "fp32" if not CUDA else "bf16"
@@ -114,24 +117,36 @@ def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_gemm1():
     x, ids, tw = random_inputs(cfg, 5, DEVICE)
     tw = tw.reshape(-1).contiguous()
     n_blocks, g = max_blocks(10, 8, 16), _kc(32, 3).gemm1
-    partials, counters = launch.split_buffers(3, n_blocks, 16, 96, g.block_n, DEVICE)
+    rows = n_blocks * 16
+    scratch1, scratch2, counters = launch.split_scratch(rows, DEVICE, (3, 192, n_blocks * 3), (2, 192, n_blocks * 6))
+    assert counters.numel() == n_blocks * 9 and scratch2[0].shape == (2, rows, 192)
     counters.fill_(7)
     index = align(ids, 8, 16, zero=counters)
-    assert counters.numel() == n_blocks * 3 and not counters.any()
+    assert not counters.any()
     with pytest.raises(ValueError, match="int32"):
         align(ids, 8, 16, zero=torch.zeros(4, device=DEVICE))
 
     def gemm1(split_k, split=None):
-        out = torch.zeros(n_blocks * 16, 96, dtype=FLOAT, device=DEVICE)
+        out = torch.zeros(rows, 96, dtype=FLOAT, device=DEVICE)
         launch.launch_gemm1(x, p.w13, p.w13_scale, p.w13_mult, p.b13, tw, *index, out, scheme, "silu", 1.702, 7.0,
                             False, 2, 16, g, split_k, split=split)  # fmt: skip
         return out
 
-    first = gemm1(3, (partials, counters))
+    def gemm2(a, split_k, split=None):
+        y = torch.zeros(10, 192, dtype=FLOAT, device=DEVICE)
+        launch.launch_gemm2(a, p.w2, p.w2_scale, p.w2_mult, p.b2, tw, *index, y, scheme, False, 2, 16, g, False,
+                            split_k=split_k, split=split)  # fmt: skip
+        return y
+
+    first = gemm1(3, scratch1)
     assert not counters.any()
-    assert torch.equal(gemm1(3, (partials, counters)), first)
+    assert torch.equal(gemm1(3, scratch1), first)
     assert relative_l2(first, gemm1(1)) <= tolerance(scheme, FLOAT)
-    with pytest.raises(ValueError, match="split_buffers"):
+    y = gemm2(first, 2, scratch2)
+    assert not counters.any()
+    assert torch.equal(gemm2(first, 2, scratch2), y)
+    assert relative_l2(y, gemm2(first, 1)) <= tolerance(scheme, FLOAT)
+    with pytest.raises(ValueError, match="split_scratch"):
         gemm1(3)
 
 

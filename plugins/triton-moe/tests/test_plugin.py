@@ -189,7 +189,7 @@ def test_tuner_skips_candidates_that_fail_to_build_and_reraises_the_rest():
 
 def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
     """``tune_shape`` end to end at a toy shape with a stand-in clock: every candidate really runs (the
-    split ones with their partials and counters), and the split with the smallest time wins."""
+    split ones with their partials and counters), and each GEMM's fastest split wins."""
     pytest.importorskip("triton")
     from moe_core.synthetic import random_weights
     from moe_triton import tune
@@ -202,9 +202,9 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
 
     def clock(fn):
         fn()
-        split = fn.keywords.get("split_k", 0)
-        ran.append(split)
-        return {0: 1.0, 1: 3.0, 2: 2.0}.get(split, 2.5)  # GEMM2 (no split), unsplit GEMM1, GEMM1 split 2, ...
+        gemm, split = fn.func.__name__, fn.keywords["split_k"]
+        ran.append((gemm, split))
+        return {("run1", 2): 2.0, ("run2", 4): 0.5}.get((gemm, split), 3.0)
 
     monkeypatch.setattr(tune, "_bench", clock)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
@@ -212,5 +212,7 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
     cfg = MoeConfig(8, 2, 128, 64, quant_scheme=scheme, activation="silu", dtype=dtype, has_bias=True)
     weights = prepare_weights(scheme, random_weights(cfg, device))
     best = tune.tune_shape(cfg, weights, [1], device, log=lambda line: None)[1]
-    assert best.split_k == 2 and best.block_m == 16
-    assert sorted(set(ran)) == [0, 1, *tune.SPLITS] and ran.count(0) == len(gemms)
+    assert (best.split_k, best.split_k2, best.block_m) == (2, 4, 16)
+    for gemm in ("run1", "run2"):
+        assert sorted(s for g, s in set(ran) if g == gemm) == [1, *tune.SPLITS]
+        assert ran.count((gemm, 1)) == len(gemms)

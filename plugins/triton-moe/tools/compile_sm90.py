@@ -84,12 +84,12 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
 
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
-          pdl=False):  # fmt: skip
+          pdl=False, split=1):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
-             PRECISION="ieee" if dt == "fp32" else "tf32", DECODE_ASM=asm, BLOCK_M=block_m, BLOCK_N=block_n,
-             BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, PDL=pdl)  # fmt: skip
-    tag = (f"g2_s{scheme}_b{int(bias)}_{dt}_{block_k}{'_asm' if asm else ''}"
+             PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, PDL=pdl)  # fmt: skip
+    tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_pdl' if pdl else ''}")  # fmt: skip
     build(gemm._gemm2, gemm_types(dt, wdt, sdt), c, tag)
 
@@ -100,7 +100,8 @@ for scheme in (0, 1, 2):
             for split in (1, 4):
                 gemm1(scheme, act, bias, split)
     for bias in (False, True):
-        gemm2(scheme, bias)
+        for split in (1, 4):
+            gemm2(scheme, bias, split=split)
     gemm1(scheme, 0, False, 1, router=True)
     gemm2(scheme, True, by_token=True)
 for block_k in (64, 256):  # MXFP4 chunk loop unrolled 1x and 4x (128 above)
@@ -110,12 +111,13 @@ for block_k in (64, 256):  # MXFP4 chunk loop unrolled 1x and 4x (128 above)
 for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (the default on CUDA with bf16)
     for split in (1, 2):
         gemm1(2, 2, True, split, block_k=block_k, asm=True)
-    gemm2(2, True, block_k=block_k, asm=True)
+        gemm2(2, True, block_k=block_k, asm=True, split=split)
 for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (128, 128, 64)):  # swapped operands
     for asm in (True, False):
         gemm1(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
         gemm2(2, True, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
 gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
+gemm2(2, True, block_k=128, asm=True, swap=True, split=2)
 for split in (1, 4):  # fp8_block with activations quantized once per forward (FP8_PREQUANT)
     for bias in (False, True):
         gemm1(1, 0, bias, split, a_fp8=True)
@@ -130,12 +132,14 @@ gemm1(2, 2, True, 1, asm=True, pdl=True)
 gemm1(1, 0, False, 1, a_fp8=True, pdl=True)
 gemm2(0, True, pdl=True)
 gemm2(2, True, asm=True, pdl=True)
+gemm2(0, True, pdl=True, split=4)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)
     gemm1(0, 0, False, 2, dt=dt)
     gemm1(2, 2, True, 2, dt=dt)
     gemm2(2, True, dt=dt)
+    gemm2(0, False, dt=dt, split=2)
 
 i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
 for cp in (

@@ -4,9 +4,9 @@ Launch sequence (all on the current stream, no host synchronisation, so it
 can be captured in a CUDA graph): align (1-2 small kernels) -> GEMM1 with the
 activation in its epilogue -> GEMM2 with bias and routing weight in its
 epilogue -> sum over the k slots (skipped when k == 1). With split-K (decode)
-GEMM1 writes fp32 partials to a workspace sized from the shapes alone and the
-last program of each tile reduces them (arrival counters that the alignment
-zeroes), so the launch count is unchanged and GEMM2 is the same kernel. With
+either GEMM writes fp32 partials to a workspace sized from the shapes alone and
+the last program of each tile reduces them (arrival counters that the
+alignment zeroes), so the launch count is unchanged. With
 ``configs.PDL`` every kernel is launched with programmatic dependent launch
 (``pdl_kwargs``) and waits for its predecessor in its first statement. Registered as
 a custom op with a fake implementation so ``torch.compile(fullgraph=True)``
@@ -80,13 +80,32 @@ def _swap_ab(scheme: str, g: GemmConfig) -> bool:
     return g.swap_ab and configs.swap_ab_supported(scheme)
 
 
-def split_buffers(split_k: int, num_blocks: int, block_m: int, inter: int, block_n: int, device):
-    """GEMM1's split-K scratch: fp32 partial sums ``[split_k, rows, 2I]`` (only rows holding a pair are
-    written and read) and one int32 arrival counter per (row block, N tile), zero before GEMM1 runs
-    (``align(zero=...)``)."""
-    partials = torch.empty(split_k, num_blocks * block_m, 2 * inter, dtype=torch.float32, device=device)
-    counters = torch.empty(num_blocks * triton.cdiv(inter, block_n), dtype=torch.int32, device=device)
-    return partials, counters
+def split_scratch(rows: int, device, *gemms: tuple[int, int, int]):
+    """Split-K scratch for each GEMM given as ``(split_k, width, tiles)``: ``(fp32 partials [split_k, rows,
+    width], int32 counters [tiles])``, or None where ``split_k == 1``. Only rows holding a pair are written and
+    read. The counters of all GEMMs are views of one buffer, returned last (None if no GEMM splits), which
+    must be zero before the GEMMs run: ``align(zero=...)`` clears it without an extra launch."""
+    tiles = [t if s > 1 else 0 for s, _, t in gemms]
+    counters = torch.empty(sum(tiles), dtype=torch.int32, device=device) if sum(tiles) else None
+    out, start = [], 0
+    for (split, width, _), t in zip(gemms, tiles, strict=True):
+        if split > 1:
+            partials = torch.empty(split, rows, width, dtype=torch.float32, device=device)
+            out.append((partials, counters[start : start + t]))
+        else:
+            out.append(None)
+        start += t
+    return (*out, counters)
+
+
+def _split_args(split_k: int, split, fallback: torch.Tensor):
+    """Kernel arguments for a GEMM's split-K scratch: (partials, counters, *partials strides)."""
+    if split_k == 1:
+        return (fallback, fallback, 0, 0, 0)
+    if split is None:
+        raise ValueError(f"split_k={split_k} needs the partials and counters of split_scratch")
+    partials, counters = split
+    return (partials, counters, *partials.stride())
 
 
 def quantize_fp8_groups(x: torch.Tensor, pdl: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,18 +128,12 @@ def launch_gemm1(
     split: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:  # fmt: skip
     """GEMM1 into ``out``, the activated intermediate ``[rows, I]``. ``split_k > 1`` needs ``split``, the
-    (partials, zeroed counters) of ``split_buffers``. ``x_scale``: ``x`` holds fp8_block codes from
-    ``quantize_fp8_groups`` and these are their scales."""
+    (partials ``[split_k, rows, 2I]``, zeroed counters) of ``split_scratch``. ``x_scale``: ``x`` holds
+    fp8_block codes from ``quantize_fp8_groups`` and these are their scales."""
     num_m = block_expert.numel()
     inter = w13.shape[1] // 2
     num_experts = w13.shape[0]
-    if split_k > 1:
-        if split is None:
-            raise ValueError(f"split_k={split_k} needs the partials and counters of split_buffers")
-        partials, counters = split
-        p_strides = tuple(partials.stride())
-    else:
-        partials, counters, p_strides = out, offsets, (0, 0, 0)
+    partials, counters, *p_strides = _split_args(split_k, split, offsets)
     a_fp8 = x_scale is not None
     gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
         x, x_scale if a_fp8 else x, w13, w13_scale if w13_scale is not None else w13,
@@ -139,20 +152,21 @@ def launch_gemm1(
 def launch_gemm2(
     a, w2, w2_scale, w2_mult, b2, topk_weights, sorted_ids, block_expert, offsets, y,
     scheme: str, router_on_input: bool, top_k: int, block_m: int, g: GemmConfig, by_token: bool,
-    pdl: dict | None = None,
+    pdl: dict | None = None, split_k: int = 1, split: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:  # fmt: skip
     """GEMM2 of the intermediate ``a`` ``[rows, I]`` + bias + routing weight into ``y``: ``[M*k, H]``,
-    or ``[M, H]`` when ``by_token``."""
+    or ``[M, H]`` when ``by_token``. ``split_k > 1`` needs ``split`` (partials ``[split_k, rows, H]``)."""
     num_m = block_expert.numel()
     h = y.shape[1]
-    gemm._gemm2[(num_m * triton.cdiv(h, g.block_n),)](
+    partials, counters, *p_strides = _split_args(split_k, split, offsets)
+    gemm._gemm2[(num_m * triton.cdiv(h, g.block_n) * split_k,)](
         a, w2, w2_scale if w2_scale is not None else w2, w2_mult if w2_mult is not None else topk_weights,
-        b2 if b2 is not None else y, topk_weights, sorted_ids, block_expert, offsets, y,
+        b2 if b2 is not None else y, topk_weights, sorted_ids, block_expert, offsets, y, partials, counters,
         topk_weights.numel(), num_m, h, a.shape[1], w2.shape[0],
         a.stride(0), a.stride(1), *w2.stride(), *_scale_strides(w2_scale, scheme), *_bias_strides(b2),
-        y.stride(0), y.stride(1),
+        y.stride(0), y.stride(1), *p_strides,
         TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], HAS_BIAS=b2 is not None, ROUTER_ON_INPUT=router_on_input,
-        OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), DECODE_ASM=_decode_asm(scheme, y),
+        OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k, DECODE_ASM=_decode_asm(scheme, y),
         BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(scheme, g),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
@@ -202,19 +216,23 @@ def run_fused_moe(
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
     pdl = pdl_kwargs(x.device)
     n_blocks = align_mod.max_blocks(m * top_k, num_experts, cfg.block_m)
-    scratch = split_buffers(split, n_blocks, cfg.block_m, inter, cfg.gemm1.block_n, x.device) if split > 1 else None
-    sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m, pdl,
-                                                        zero=scratch[1] if scratch else None)  # fmt: skip
+    split2 = cfg.split_k2
+    scratch1, scratch2, counters = split_scratch(
+        n_blocks * cfg.block_m, x.device,
+        (split, 2 * inter, n_blocks * triton.cdiv(inter, cfg.gemm1.block_n)),
+        (split2, h, n_blocks * triton.cdiv(h, cfg.gemm2.block_n)),
+    )  # fmt: skip
+    sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m, pdl, zero=counters)
     topk_weights = topk_weights.reshape(-1).contiguous()
     intermediate = torch.empty(n_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
     a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and configs.FP8_PREQUANT else (x, None)
     launch_gemm1(a, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
                  scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split,
-                 a_scale, pdl, scratch)  # fmt: skip
+                 a_scale, pdl, scratch1)  # fmt: skip
     by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
     launch_gemm2(intermediate, w2, w2_scale, w2_mult, b2, topk_weights, sorted_ids, block_expert, offsets, y,
-                 scheme, router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token, pdl)  # fmt: skip
+                 scheme, router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token, pdl, split2, scratch2)  # fmt: skip
     if not by_token:
         block = min(1024, triton.next_power_of_2(h))
         gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, h, y.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block,

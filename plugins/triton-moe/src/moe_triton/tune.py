@@ -7,10 +7,10 @@ timed as CUDA-graph replays (``triton.testing.do_bench_cudagraph``) and the
 fastest kept. Candidate lists are short and regime-specific (decode, medium,
 large rows per expert) so a preset tunes in minutes, not hours.
 
-In the decode regime split-K is tuned too: for each split in ``SPLITS`` GEMM1
-(writing partials, its last program per tile reducing them) is re-timed on the
-few tiles that were fastest unsplit, and the fastest split wins (1 = off is
-always a candidate); GEMM2 does not depend on the split. Weights are prepared first
+In the decode regime split-K is tuned too, for each GEMM on its own (each
+reduces its partials in the same launch): for each split in ``SPLITS`` the few
+tiles that were fastest unsplit are re-timed, and the fastest (split, tile)
+wins (1 = off is always a candidate). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 """
 
@@ -51,7 +51,7 @@ _LARGE = [
 ]  # fmt: skip
 #: K splits tried at decode (re-timing the fastest unsplit tiles)
 SPLITS = (2, 4, 8)
-#: how many of the fastest unsplit GEMM1 tiles each split re-times
+#: how many of each GEMM's fastest unsplit tiles each split re-times
 SPLIT_TOP = 4
 
 
@@ -86,9 +86,20 @@ def _bench(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
-def _time_gemm1(run1, split: int, gemms, scratch) -> dict:
-    """Times of GEMM1 candidates at this split (``scratch(block_n)``: that split's partials and counters)."""
-    return {c: _safe(_bench, functools.partial(run1, g=c, split_k=split, split=scratch(c.block_n))) for c in gemms}
+def _time(run, split: int, gemms, scratch) -> dict:
+    """Times of one GEMM's candidates at this split (``scratch(block_n, split)``: partials and counters)."""
+    return {c: _safe(_bench, functools.partial(run, g=c, split_k=split, split=scratch(c.block_n, split)))
+            for c in gemms}  # fmt: skip
+
+
+def _best(trials: dict[int, dict]) -> tuple[float, int, GemmConfig | None]:
+    """(time, split, tile) of the fastest candidate over all splits; time is infinite if none ran."""
+    best = (float("inf"), 1, None)
+    for split, times in trials.items():
+        for tile, t in times.items():
+            if t < best[0]:
+                best = (t, split, tile)
+    return best
 
 
 def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=None) -> dict[int, KernelConfig]:
@@ -114,36 +125,40 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
             rows = block_expert.numel() * block_m
             y = torch.empty(m * k, h, dtype=x.dtype, device=device)
             a = torch.zeros(rows, i, dtype=x.dtype, device=device)
+            index = (tw, sorted_ids, block_expert, offsets)
+            n_blocks = block_expert.numel()
 
-            def run1(g, split_k, split, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), x=x, a=a):
+            def run1(g, split_k, split, block_m=block_m, index=index, x=x, a=a):
                 launch.launch_gemm1(x, w.w13, w.w13_scale, w.w13_mult, w.b13, *index, a, scheme, *act, block_m, g,
                                     split_k, split=split)  # fmt: skip
 
-            def run2(g, block_m=block_m, index=(tw, sorted_ids, block_expert, offsets), y=y, a=a):
+            def run2(g, split_k, split, block_m=block_m, index=index, y=y, a=a):
                 launch.launch_gemm2(a, w.w2, w.w2_scale, w.w2_mult, w.b2, *index, y, scheme, act[3], k, block_m, g,
-                                    False)  # fmt: skip
+                                    False, split_k=split_k, split=split)  # fmt: skip
 
-            n_blocks = block_expert.numel()
+            def scratch(block_n, split, width, cols, rows=rows, n_blocks=n_blocks):
+                found, counters = launch.split_scratch(rows, device, (split, width, n_blocks * -(-cols // block_n)))
+                if counters is not None:
+                    counters.zero_()  # each reducing program zeroes its counter again: every replay reduces
+                return found
 
-            def scratch(block_n, split, block_m=block_m, n_blocks=n_blocks):
-                if split == 1:
-                    return None
-                partials, counters = launch.split_buffers(split, n_blocks, block_m, i, block_n, device)
-                return partials, counters.zero_()  # GEMM1's reducing programs leave them zeroed between replays
-
-            t2 = {c: _safe(_bench, functools.partial(run2, g=c)) for c in gemms}
-            trials = {1: _time_gemm1(run1, 1, gemms, functools.partial(scratch, split=1))}
-            if m * k / e <= 16:  # decode: GEMM1 may not fill the GPU, try K splits on the best tiles
-                top1 = sorted(trials[1], key=trials[1].get)[:SPLIT_TOP]
+            scratch1 = functools.partial(scratch, width=2 * i, cols=i)
+            scratch2 = functools.partial(scratch, width=h, cols=h)
+            trials1 = {1: _time(run1, 1, gemms, scratch1)}
+            trials2 = {1: _time(run2, 1, gemms, scratch2)}
+            if m * k / e <= 16:  # decode: a GEMM may not fill the GPU, try K splits on the best tiles
+                top1 = sorted(trials1[1], key=trials1[1].get)[:SPLIT_TOP]
+                top2 = sorted(trials2[1], key=trials2[1].get)[:SPLIT_TOP]
                 for split in SPLITS:
-                    trials[split] = _time_gemm1(run1, split, top1, functools.partial(scratch, split=split))
-            for split, t1 in trials.items():
-                c1, c2 = min(t1, key=t1.get), min(t2, key=t2.get)
-                total = t1[c1] + t2[c2]
-                log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {t1[c1] * 1e3:.1f} us {c1}, "
-                    f"gemm2 {t2[c2] * 1e3:.1f} us {c2}")  # fmt: skip
-                if total < best_total:
-                    best_total, best = total, KernelConfig(block_m, c1, c2, split)
+                    trials1[split] = _time(run1, split, top1, scratch1)
+                    trials2[split] = _time(run2, split, top2, scratch2)
+            for split in trials1:
+                c1, c2 = min(trials1[split], key=trials1[split].get), min(trials2[split], key=trials2[split].get)
+                log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {trials1[split][c1] * 1e3:.1f} us {c1}, "
+                    f"gemm2 {trials2[split][c2] * 1e3:.1f} us {c2}")  # fmt: skip
+            (t1, s1, c1), (t2, s2, c2) = _best(trials1), _best(trials2)
+            if t1 + t2 < best_total:
+                best_total, best = t1 + t2, KernelConfig(block_m, c1, c2, s1, s2)
         if best is None:
             raise RuntimeError(f"no tile candidate of {scheme} E={e} H={h} I={i} k={k} ran at M={m} (see the log)")
         result[m] = best

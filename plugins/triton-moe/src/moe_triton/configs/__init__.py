@@ -6,9 +6,9 @@ scheme, each mapping token counts M to a ``KernelConfig``; a forward with M
 tokens uses the entry whose M is nearest (as vLLM's tables do). Shapes that
 no table covers get ``heuristic_config``. ``moe tune triton`` writes tables.
 
-``split_k`` (GEMM1's K split, reduced in GEMM2's prologue) is 0 = "decide at
-launch" (``resolve_split_k``) in the heuristic and in table entries written
-before the knob existed; a tuned entry may pin it (1 = off).
+``split_k`` (GEMM1's K split) is 0 = "decide at launch" (``resolve_split_k``)
+in the heuristic and in table entries written before the knob existed; a tuned
+entry may pin it (1 = off). ``split_k2`` is GEMM2's (1 = off, the default).
 """
 
 from __future__ import annotations
@@ -43,21 +43,24 @@ class GemmConfig:
 class KernelConfig:
     """BLOCK_M is shared (the alignment pads to it); each GEMM has its own tiles.
 
-    ``split_k``: GEMM1's K split (0 = auto at launch, 1 = off); it changes GEMM2
-    too (its prologue sums the partials), so it lives here, not in a GemmConfig.
+    ``split_k``: GEMM1's K split (0 = auto at launch, 1 = off); ``split_k2``: GEMM2's (1 = off). Each
+    GEMM reduces its own partials in the same launch (``kernels.split``); they sit here beside the tiles
+    because the tuner and the tables treat them per layer shape and token count.
     """
 
     block_m: int = 64
     gemm1: GemmConfig = field(default_factory=GemmConfig)
     gemm2: GemmConfig = field(default_factory=GemmConfig)
     split_k: int = 0
+    split_k2: int = 1
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> KernelConfig:
-        return cls(d["block_m"], GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]), int(d.get("split_k", 0)))
+        gemm1, gemm2 = GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"])
+        return cls(d["block_m"], gemm1, gemm2, int(d.get("split_k", 0)), int(d.get("split_k2", 1)))
 
 
 @functools.cache

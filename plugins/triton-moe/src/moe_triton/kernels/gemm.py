@@ -11,12 +11,13 @@ Both walk the block-padded, expert-sorted rows built by ``align``: program
   With ``SPLIT_K > 1`` (decode: too few (expert block, N tile) programs to
   fill the GPU) each program covers one K slice and writes fp32 partials
   ``[SPLIT_K, rows, 2I]``; the last program of a tile to finish (an atomic
-  arrival counter per tile) sums them in split order and runs the same
-  epilogue, so GEMM2 always reads the activated intermediate.
+  arrival counter per tile, ``kernels.split``) sums them in split order and
+  runs the epilogue, so GEMM2 always reads the activated intermediate.
 - ``_gemm2``: the intermediate times ``w2``; the epilogue adds the bias,
   multiplies by the routing weight and writes each (token, slot) pair to its
   own row of ``[M*k, H]`` (a deterministic place; the k slots are summed by
-  ``_sum_slots``) — or straight into the output when k == 1.
+  ``_sum_slots``) — or straight into the output when k == 1. It splits K the
+  same way as GEMM1 (``SPLIT_K``, partials ``[SPLIT_K, rows, H]``).
 
 Weights are read in their prepared format (``moe_triton.layout``) and
 dequantized in the main loop: ``SCHEME`` 0 = bf16/fp16/fp32 as stored; 1 =
@@ -49,6 +50,7 @@ from moe_triton.kernels.operands import (
     _quant_fp8_rows,
     _rows_tile,
 )
+from moe_triton.kernels.split import _arrive, _sum_partials
 
 __all__ = [
     "FLOAT", "FP8_BLOCK", "GELU", "MXFP4", "SILU", "SWIGLU_OAI", "_gemm1", "_gemm2", "_quant_fp8_groups", "_sum_slots",
@@ -92,10 +94,7 @@ def _gemm1(
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
 
     ``SPLIT_K > 1``: ``part_ptr`` is the fp32 workspace ``[SPLIT_K, rows, 2I]`` and ``count_ptr`` one int32
-    arrival counter per (row block, N tile), zero at launch (``align`` zeroes them; the reducing program
-    zeroes its counter again, so back-to-back launches on one buffer also work). Each program stores its
-    partials and increments the tile's counter (release); the one that sees ``SPLIT_K - 1`` (acquire) reads
-    all partials in split order, so the result does not depend on which split finished last.
+    arrival counter per (row block, N tile), zero at launch; see ``kernels.split``.
 
     ``A_FP8`` (fp8_block): ``x`` is already quantized (``_quant_fp8_groups``: e4m3 codes, ``xs`` one fp32
     scale per row and 128 columns), so the K loop loads codes instead of quantizing the tile in every
@@ -167,6 +166,19 @@ def _gemm1(
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
+    out_mask = row_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:  # store this K slice's partials; the tile's last program to arrive goes on with their sum
+        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm
+        part_g = part + n[None, :] * stride_pn
+        part_u = part + (n + N_HALF)[None, :] * stride_pn
+        tl.store(part_g + split * stride_ps, acc_g, mask=out_mask)
+        tl.store(part_u + split * stride_ps, acc_u, mask=out_mask)
+        counter = count_ptr + pid % tiles
+        if _arrive(counter) < SPLIT_K - 1:
+            return
+        tl.atomic_xchg(counter, 0)
+        acc_g = _sum_partials(part_g, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
+        acc_u = _sum_partials(part_u, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
     if SCHEME == MXFP4:  # undo the per-expert shift of the folded scales (1.0 for ordinary weights)
         mult = tl.load(mult_ptr + expert)
         acc_g = acc_g * mult
@@ -175,24 +187,6 @@ def _gemm1(
         w = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)
         acc_g = acc_g * w[:, None]
         acc_u = acc_u * w[:, None]
-    out_mask = row_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:
-        # fp32 partials of this K slice; the last of the tile's SPLIT_K programs to finish sums them
-        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm
-        tl.store(part + split * stride_ps + n[None, :] * stride_pn, acc_g, mask=out_mask)
-        tl.store(part + split * stride_ps + (n + N_HALF)[None, :] * stride_pn, acc_u, mask=out_mask)
-        tl.debug_barrier()  # every thread's partials are written before the release below
-        tile = count_ptr + pid % tiles
-        if tl.atomic_add(tile, 1, sem="acq_rel") < SPLIT_K - 1:
-            return
-        tl.atomic_xchg(tile, 0)  # leave the counter zeroed for the next launch on this buffer
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):  # a fixed order whichever split arrived last: deterministic
-            acc_g += tl.load(part + s * stride_ps + n[None, :] * stride_pn, mask=out_mask, other=0.0,
-                             cache_modifier=".cg")  # fmt: skip
-            acc_u += tl.load(part + s * stride_ps + (n + N_HALF)[None, :] * stride_pn, mask=out_mask, other=0.0,
-                             cache_modifier=".cg")  # fmt: skip
     if HAS_BIAS:
         bias = bias_ptr + expert * stride_be
         acc_g += tl.load(bias + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -205,18 +199,22 @@ def _gemm1(
 @triton.jit
 def _gemm2(
     a_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    num_pairs, num_m, N, K, num_experts,
+    part_ptr, count_ptr, num_pairs, num_m, N, K, num_experts,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on,
+    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
-    OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr,
+    OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB`` as in ``_gemm1``."""
+    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB`` and ``SPLIT_K`` as in ``_gemm1`` (the
+    partials are ``[SPLIT_K, rows, H]``)."""
     _pdl_start(PDL)
     num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(tl.program_id(0), num_m, num_n, GROUP_M)
+    tiles = num_m * num_n
+    pid = tl.program_id(0)
+    split = pid // tiles
+    pid_m, pid_n = _tile_ids(pid % tiles, num_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -230,7 +228,9 @@ def _gemm2(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # K slice of this program, as in _gemm1
+    k_lo = split * k_per
+    for k0 in range(k_lo, tl.minimum(K, k_lo + k_per), BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
@@ -252,6 +252,15 @@ def _gemm2(
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if SWAP_AB:
         acc = tl.trans(acc)
+    out_mask = row_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:  # as in _gemm1
+        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + n[None, :] * stride_pn
+        tl.store(part + split * stride_ps, acc, mask=out_mask)
+        counter = count_ptr + pid % tiles
+        if _arrive(counter) < SPLIT_K - 1:
+            return
+        tl.atomic_xchg(counter, 0)
+        acc = _sum_partials(part, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
     if SCHEME == MXFP4:
         acc = acc * tl.load(mult_ptr + expert)
     if HAS_BIAS:
@@ -262,7 +271,7 @@ def _gemm2(
     tl.store(
         out_ptr + dest.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on,
         acc.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & n_ok[None, :],
+        mask=out_mask,
     )
 
 
