@@ -38,12 +38,13 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
 
 
 def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None):
-    """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own."""
+    """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
+    leaves GEMM2 unsplit)."""
     g1, g2 = (
         configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
         for s in swap
     )
-    return configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
+    return configs.KernelConfig(block_m, g1, g2, split_k, max(split_k, 1) if split2 is None else split2)
 
 
 def _check(cfg, weights, m, kernel_config, seed=1):

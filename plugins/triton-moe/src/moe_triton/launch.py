@@ -216,7 +216,7 @@ def run_fused_moe(
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
     pdl = pdl_kwargs(x.device)
     n_blocks = align_mod.max_blocks(m * top_k, num_experts, cfg.block_m)
-    split2 = cfg.split_k2
+    split2 = max(cfg.split_k2, 1)  # 0 or 1: GEMM2 unsplit (no automatic choice for GEMM2)
     scratch1, scratch2, counters = split_scratch(
         n_blocks * cfg.block_m, x.device,
         (split, 2 * inter, n_blocks * triton.cdiv(inter, cfg.gemm1.block_n)),
