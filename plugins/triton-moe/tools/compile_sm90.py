@@ -5,7 +5,7 @@ The H200 runs Triton 3.6, stricter than the 3.9 used here, so every constexpr
 branch the forward can take is compiled: each scheme x activation x bias x
 split-K (GEMM1 partials and their in-kernel reduction), the MXFP4 chunk loop at BLOCK_K
 64/128/256, and the fp16/fp32 activations of the interpreter tests.
-``--dump DIR`` writes each variant's TTGIR/PTX there (to inspect layouts).
+``--dump DIR`` writes each variant's TTGIR/PTX/cubin there (to inspect layouts, or diff SASS with nvdisasm).
 """
 
 import sys
@@ -62,6 +62,7 @@ def build(fn, types, constexprs, tag, num_warps=4, num_stages=3):
         DUMP.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
             (DUMP / f"{tag}.{ext}").write_text(k.asm[ext])
+        (DUMP / f"{tag}.cubin").write_bytes(k.asm["cubin"])
     compiled += 1
 
 
