@@ -1,10 +1,11 @@
-"""A/B the forward's opt-in switches on a GPU: each setting in its own process (the flags are read at import).
+"""A/B the forward's switches on a GPU: each setting in its own process (the flags are read at import).
 
-Settings: ``base`` (defaults: fp8_block activations quantized once per forward), ``pdl``
-(``MOE_TRITON_PDL=1``), ``in-loop`` (``MOE_TRITON_FP8_PREQUANT=0``, fp8_block only) and ``pdl+in-loop``.
-For each, ``moe bench`` (CUDA-graph replay, median) at decode sizes on bf16 (the four presets), fp8_block
-(deepseek-v3-tp8) and mxfp4 (gpt-oss-120b); one JSON with every row and
-a table of each setting's time against ``base``.
+Settings (``SETTINGS``): ``base`` (the defaults), ``pdl`` (``MOE_TRITON_PDL=1``), ``in-loop``
+(``MOE_TRITON_FP8_PREQUANT=0``, fp8_block only), ``pdl+in-loop``, ``bitops`` (``MOE_TRITON_MXFP4_ASM=0``:
+the Triton bit-op E2M1 decode instead of inline PTX, mxfp4 only) and ``unsplit`` (``MOE_TRITON_SPLIT_K=1``:
+GEMM1 never splits K, whatever the table says). For each, ``moe bench`` (CUDA-graph replay, median) at
+decode sizes on bf16 (the four presets), fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b); one JSON
+with every row and a table of each setting's time against ``base``.
 
     python plugins/triton-moe/tools/ab_flags.py --tokens 1,8,64 --output ab-flags.json
 """
@@ -19,13 +20,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+#: label -> (environment, the schemes it changes; None: all)
 SETTINGS = {
-    "base": {},
-    "pdl": {"MOE_TRITON_PDL": "1"},
-    "in-loop": {"MOE_TRITON_FP8_PREQUANT": "0"},
-    "pdl+in-loop": {"MOE_TRITON_PDL": "1", "MOE_TRITON_FP8_PREQUANT": "0"},
+    "base": ({}, None),
+    "pdl": ({"MOE_TRITON_PDL": "1"}, None),
+    "in-loop": ({"MOE_TRITON_FP8_PREQUANT": "0"}, {"fp8_block"}),
+    "pdl+in-loop": ({"MOE_TRITON_PDL": "1", "MOE_TRITON_FP8_PREQUANT": "0"}, {"fp8_block"}),
+    "bitops": ({"MOE_TRITON_MXFP4_ASM": "0"}, {"mxfp4"}),
+    "unsplit": ({"MOE_TRITON_SPLIT_K": "1"}, None),
 }
-RUNS = [  # (scheme, presets); in-loop changes fp8_block only
+RUNS = [  # (scheme, presets)
     ("bf16", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-tp8", "gpt-oss-120b"]),
     ("fp8_block", ["deepseek-v3-tp8"]),
     ("mxfp4", ["gpt-oss-120b"]),
@@ -52,9 +56,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, env in SETTINGS.items():
+        for label, (env, schemes) in SETTINGS.items():
             for scheme, presets in RUNS:
-                if "FP8_PREQUANT" in " ".join(env) and scheme != "fp8_block":
+                if schemes is not None and scheme not in schemes:
                     continue
                 print(f"{label}: {scheme}", flush=True)
                 for row in bench(scheme, presets, args.tokens, env, Path(tmp) / "rows.json"):

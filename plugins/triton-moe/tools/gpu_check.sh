@@ -2,17 +2,15 @@
 # One device call for moe-triton on the lent H200 (torch 2.11+cu130, triton 3.6, no network):
 #   install core + plugin, GPU tests (conformance on CUDA, CUDA graph, torch.compile),
 #   `moe check triton`, `moe bench` (triton, optionally torch), optional tuning.
-#   `ab`: quick decode A/B (M=1,8): mxfp4 (Triton bit-op decode and inline-PTX decode, MOE_TRITON_MXFP4_ASM=1)
-#   vs bf16 on gpt-oss, fp8_block vs bf16 on deepseek, bf16 qwen3, each with split-K as configured (auto) and
-#   forced off (MOE_TRITON_SPLIT_K=1); a summary table at the end (ab-summary.txt).
 #   profile: per-kernel GPU time of the forward next to its CUDA-graph time (tools/profile_launches.py), M=1,8,
 #   bf16 on the four presets, fp8_block on deepseek-v3-tp8, mxfp4 on gpt-oss-120b.
 #   tune: TUNE_TOKENS (default 1,8,64,512,4096; each M is saved as soon as it is tuned), TUNE_TIMEOUT seconds.
 #   check: only `moe check triton` on CUDA; gpu-tests: the GPU-marked tests, alignment and kernel-path tests
 #   (not the conformance module, which `check` covers); bench-decode: M=1,8,64 for bf16 (four presets),
 #   fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b), triton only. ab-flags: the same decode sizes under
-#   MOE_TRITON_PDL=1 and MOE_TRITON_FP8_PREQUANT=1 against the defaults (tools/ab_flags.py; AB_TOKENS).
-# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [check] [gpu-tests] [ab] [ab-flags] [bench] [bench-quant] [bench-decode]
+#   each switch (PDL, fp8 in-loop quantization, bit-op MXFP4 decode, split-K off) against the defaults
+#   (tools/ab_flags.py; AB_TOKENS).
+# Usage: bash plugins/triton-moe/tools/gpu_check.sh [tests] [check] [gpu-tests] [ab-flags] [bench] [bench-quant] [bench-decode]
 #        [bench-torch] [profile] [ncu] [tune SCHEME PRESET...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -47,20 +45,6 @@ while [ $# -gt 0 ]; do
       shift ;;
     ab-flags)
       python3 plugins/triton-moe/tools/ab_flags.py --tokens "${AB_TOKENS:-1,8,64}" --output "$OUT/ab-flags.json"
-      shift ;;
-    ab)
-      # label scheme preset asm; each run twice: split-K as configured (split0) and forced off (split1)
-      for split in 0 1; do
-        for spec in "bf16 bf16 gpt-oss-120b 0" "mxfp4 mxfp4 gpt-oss-120b 0" "mxfp4asm mxfp4 gpt-oss-120b 1" \
-                    "bf16 bf16 deepseek-v3-tp8 0" "fp8_block fp8_block deepseek-v3-tp8 0" "bf16 bf16 qwen3-30b-a3b 0"; do
-          read -r label scheme preset asm <<< "$spec"
-          f="$OUT/ab-$label-$preset-split$split"
-          MOE_TRITON_SPLIT_K=$split MOE_TRITON_MXFP4_ASM=$asm moe bench --backend triton --scheme "$scheme" \
-            --preset "$preset" --tokens 1,8 --output "$f.json" > /dev/null 2> "$f.err" \
-            || { echo "ab $label $preset split=$split FAILED"; tail -5 "$f.err"; }
-        done
-      done
-      python3 plugins/triton-moe/tools/ab_summary.py "$OUT" | tee "$OUT/ab-summary.txt"
       shift ;;
     bench)
       moe bench --backend triton --output "$OUT/bench-triton-bf16.json" | tail -25
