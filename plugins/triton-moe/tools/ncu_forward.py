@@ -22,17 +22,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="forwards after the first (default 3)")
     args = parser.parse_args(argv)
-    from moe_core import MoeRunner
-    from moe_core.presets import PRESETS
-    from moe_core.synthetic import random_inputs, random_weights
+    from profile_launches import make_forward  # this folder is on sys.path when run as a script
 
-    config = PRESETS[args.preset].config(args.scheme, torch.bfloat16)
-    device = torch.device("cuda")
-    runner = MoeRunner(config, random_weights(config, device), backend="triton")
-    x, ids, tw = random_inputs(config, args.tokens, device, seed=1)
-    out = torch.empty(args.tokens, config.hidden_size, dtype=config.dtype, device=device)
+    forward = make_forward(args.preset, args.scheme, args.tokens)
     for _ in range(1 + args.repeat):
-        runner(x, ids, tw, out=out)
+        forward()
     torch.cuda.synchronize()
     print(f"{args.preset} {args.scheme} M={args.tokens}: {1 + args.repeat} forwards")
     return 0

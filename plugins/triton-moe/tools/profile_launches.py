@@ -18,11 +18,9 @@ import sys
 import torch
 
 
-def profile_row(preset: str, scheme: str, m: int, repeat: int = 20) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
+def make_forward(preset: str, scheme: str, m: int):
+    """A no-argument ``triton`` forward of one preset at M tokens on CUDA (random weights and routing, seed 1)."""
     from moe_core import MoeRunner
-    from moe_core.bench import time_forward
     from moe_core.presets import PRESETS
     from moe_core.synthetic import random_inputs, random_weights
 
@@ -35,6 +33,16 @@ def profile_row(preset: str, scheme: str, m: int, repeat: int = 20) -> dict:
     def forward():
         runner(x, ids, tw, out=out)
 
+    return forward
+
+
+def profile_row(preset: str, scheme: str, m: int, repeat: int = 20) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from moe_core.bench import time_forward
+
+    device = torch.device("cuda")
+    forward = make_forward(preset, scheme, m)
     graph_us, how = time_forward(forward, device, repeat=repeat)
     for _ in range(3):
         forward()
