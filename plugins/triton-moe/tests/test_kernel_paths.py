@@ -39,12 +39,12 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
 
 def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None):
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
-    leaves GEMM2 unsplit)."""
+    reaches GEMM2 as 0, which ``sanitize`` makes 1)."""
     g1, g2 = (
         configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
         for s in swap
     )
-    return configs.KernelConfig(block_m, g1, g2, split_k, max(split_k, 1) if split2 is None else split2)
+    return configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
 
 
 def _check(cfg, weights, m, kernel_config, seed=1):
@@ -119,7 +119,7 @@ def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_the_gemms():
     tw = tw.reshape(-1).contiguous()
     n_blocks, g = max_blocks(10, 8, 16), _kc(32, 3).gemm1
     rows = n_blocks * 16
-    scratch1, scratch2, counters = launch.split_scratch(rows, DEVICE, (3, 192, n_blocks * 3), (2, 192, n_blocks * 6))
+    scratch1, scratch2, counters = launch.split_scratch(n_blocks, 16, DEVICE, (3, 192, 96, 32), (2, 192, 192, 32))
     assert counters.numel() == n_blocks * 9 and scratch2[0].shape == (2, rows, 192)
     counters.fill_(7)
     index = align(ids, 8, 16, zero=counters)
@@ -174,6 +174,11 @@ def test_prepared_weights_are_required_for_mxfp4():
     with pytest.raises(ValueError, match="prepared layout"):
         launch.run_fused_moe(x, ids, tw, w.w13, w.w2, w.w13_scale, w.w2_scale, None, None, out, "mxfp4", "silu",
                              1.702, 7.0, False)  # fmt: skip
+
+
+def test_sanitize_leaves_gemm2_unsplit_for_split_0():
+    assert configs.sanitize(_kc(64, 0), "bf16").split_k2 == 1
+    assert configs.sanitize(_kc(64, 4), "bf16").split_k2 == 4
 
 
 def test_split_k_heuristic():

@@ -80,17 +80,18 @@ def _swap_ab(scheme: str, g: GemmConfig) -> bool:
     return g.swap_ab and configs.swap_ab_supported(scheme)
 
 
-def split_scratch(rows: int, device, *gemms: tuple[int, int, int]):
-    """Split-K scratch for each GEMM given as ``(split_k, width, tiles)``: ``(fp32 partials [split_k, rows,
-    width], int32 counters [tiles])``, or None where ``split_k == 1``. Only rows holding a pair are written and
-    read. The counters of all GEMMs are views of one buffer, returned last (None if no GEMM splits), which
-    must be zero before the GEMMs run: ``align(zero=...)`` clears it without an extra launch."""
-    tiles = [t if s > 1 else 0 for s, _, t in gemms]
+def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, int, int]):
+    """Split-K scratch for each GEMM given as ``(split_k, width, n, block_n)``: ``(fp32 partials [split_k,
+    rows, width], int32 counters, one per (row block, N tile) of ``n`` columns)``, or None where
+    ``split_k == 1``. Only rows holding a pair are written and read. The counters of all GEMMs are views of
+    one buffer, returned last (None if no GEMM splits), which must be zero before the GEMMs run:
+    ``align(zero=...)`` clears it without an extra launch."""
+    tiles = [n_blocks * triton.cdiv(n, block_n) if split > 1 else 0 for split, _, n, block_n in gemms]
     counters = torch.empty(sum(tiles), dtype=torch.int32, device=device) if sum(tiles) else None
     out, start = [], 0
-    for (split, width, _), t in zip(gemms, tiles, strict=True):
+    for (split, width, _, _), t in zip(gemms, tiles, strict=True):
         if split > 1:
-            partials = torch.empty(split, rows, width, dtype=torch.float32, device=device)
+            partials = torch.empty(split, n_blocks * block_m, width, dtype=torch.float32, device=device)
             out.append((partials, counters[start : start + t]))
         else:
             out.append(None)
@@ -216,12 +217,10 @@ def run_fused_moe(
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
     pdl = pdl_kwargs(x.device)
     n_blocks = align_mod.max_blocks(m * top_k, num_experts, cfg.block_m)
-    split2 = max(cfg.split_k2, 1)  # 0 or 1: GEMM2 unsplit (no automatic choice for GEMM2)
+    split2 = cfg.split_k2
     scratch1, scratch2, counters = split_scratch(
-        n_blocks * cfg.block_m, x.device,
-        (split, 2 * inter, n_blocks * triton.cdiv(inter, cfg.gemm1.block_n)),
-        (split2, h, n_blocks * triton.cdiv(h, cfg.gemm2.block_n)),
-    )  # fmt: skip
+        n_blocks, cfg.block_m, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n), (split2, h, h, cfg.gemm2.block_n)
+    )
     sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m, pdl, zero=counters)
     topk_weights = topk_weights.reshape(-1).contiguous()
     intermediate = torch.empty(n_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)

@@ -92,6 +92,17 @@ def _time(run, split: int, gemms, scratch) -> dict:
             for c in gemms}  # fmt: skip
 
 
+def _trials(run, gemms, scratch, decode: bool) -> dict[int, dict]:
+    """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
+    ``SPLIT_TOP`` fastest unsplit tiles."""
+    trials = {1: _time(run, 1, gemms, scratch)}
+    if decode:
+        top = sorted(trials[1], key=trials[1].get)[:SPLIT_TOP]
+        for split in SPLITS:
+            trials[split] = _time(run, split, top, scratch)
+    return trials
+
+
 def _best(trials: dict[int, dict]) -> tuple[float, int, GemmConfig | None]:
     """(time, split, tile) of the fastest candidate over all splits; time is infinite if none ran."""
     best = (float("inf"), 1, None)
@@ -122,11 +133,10 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
         best_total, best = float("inf"), None
         for block_m, gemms in candidates(scheme, m * k / e):
             sorted_ids, block_expert, offsets = align_mod.align(ids, e, block_m)
-            rows = block_expert.numel() * block_m
-            y = torch.empty(m * k, h, dtype=x.dtype, device=device)
-            a = torch.zeros(rows, i, dtype=x.dtype, device=device)
-            index = (tw, sorted_ids, block_expert, offsets)
             n_blocks = block_expert.numel()
+            y = torch.empty(m * k, h, dtype=x.dtype, device=device)
+            a = torch.zeros(n_blocks * block_m, i, dtype=x.dtype, device=device)
+            index = (tw, sorted_ids, block_expert, offsets)
 
             def run1(g, split_k, split, block_m=block_m, index=index, x=x, a=a):
                 launch.launch_gemm1(x, w.w13, w.w13_scale, w.w13_mult, w.b13, *index, a, scheme, *act, block_m, g,
@@ -136,22 +146,15 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 launch.launch_gemm2(a, w.w2, w.w2_scale, w.w2_mult, w.b2, *index, y, scheme, act[3], k, block_m, g,
                                     False, split_k=split_k, split=split)  # fmt: skip
 
-            def scratch(block_n, split, width, cols, rows=rows, n_blocks=n_blocks):
-                found, counters = launch.split_scratch(rows, device, (split, width, n_blocks * -(-cols // block_n)))
+            def scratch(block_n, split, width, n, n_blocks=n_blocks, block_m=block_m):
+                found, counters = launch.split_scratch(n_blocks, block_m, device, (split, width, n, block_n))
                 if counters is not None:
                     counters.zero_()  # each reducing program zeroes its counter again: every replay reduces
                 return found
 
-            scratch1 = functools.partial(scratch, width=2 * i, cols=i)
-            scratch2 = functools.partial(scratch, width=h, cols=h)
-            trials1 = {1: _time(run1, 1, gemms, scratch1)}
-            trials2 = {1: _time(run2, 1, gemms, scratch2)}
-            if m * k / e <= 16:  # decode: a GEMM may not fill the GPU, try K splits on the best tiles
-                top1 = sorted(trials1[1], key=trials1[1].get)[:SPLIT_TOP]
-                top2 = sorted(trials2[1], key=trials2[1].get)[:SPLIT_TOP]
-                for split in SPLITS:
-                    trials1[split] = _time(run1, split, top1, scratch1)
-                    trials2[split] = _time(run2, split, top2, scratch2)
+            decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
+            trials1 = _trials(run1, gemms, functools.partial(scratch, width=2 * i, n=i), decode)
+            trials2 = _trials(run2, gemms, functools.partial(scratch, width=h, n=h), decode)
             for split in trials1:
                 c1, c2 = min(trials1[split], key=trials1[split].get), min(trials2[split], key=trials2[split].get)
                 log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {trials1[split][c1] * 1e3:.1f} us {c1}, "

@@ -125,14 +125,14 @@ def legal_block_k(scheme: str, block_k: int) -> int:
 
 def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
     """Make BLOCK_K legal for the scheme (``legal_block_k``), e.g. for an older table; ``swap_ab`` only
-    where it is implemented (mxfp4)."""
+    where it is implemented (mxfp4); GEMM2's split at least 1 (it has no automatic choice, so 0 = off)."""
 
     def fix(g: GemmConfig) -> GemmConfig:
         bk = legal_block_k(scheme, g.block_k)
         swap = g.swap_ab and swap_ab_supported(scheme)
         return g if (bk, swap) == (g.block_k, g.swap_ab) else replace(g, block_k=bk, swap_ab=swap)
 
-    return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2))
+    return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2), split_k2=max(cfg.split_k2, 1))
 
 
 @functools.cache
