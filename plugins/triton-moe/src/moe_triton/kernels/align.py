@@ -9,7 +9,7 @@ decode step launches a handful of programs, not one per possible expert.
    (each expert's pairs padded to a multiple of BLOCK_M), the number of used
    padded rows, the expert of every block, the padding sentinel everywhere,
    zeroed per-expert cursors and, optionally, a caller's int32 buffer (GEMM1's
-   split-K arrival counters: zeroing them here costs no extra launch).
+   split-K arrival counters of both GEMMs: zeroing them here costs no extra launch).
 2. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
    claims the next row of its expert's segment with an atomic increment.
 
@@ -34,7 +34,7 @@ def _plan(
     cursor_ptr,  # [E] int32: zeroed here, used by _scatter
     block_expert_ptr,  # [max_blocks] int32: expert of each BLOCK_M block (E for unused blocks)
     sorted_ptr,  # [max_rows] int32: filled with the sentinel num_pairs
-    zero_ptr,  # [num_zero] int32: zeroed here (GEMM1's split-K arrival counters)
+    zero_ptr,  # [num_zero] int32: zeroed here (the GEMMs' split-K arrival counters)
     num_pairs,
     max_rows,
     max_blocks,
@@ -134,7 +134,7 @@ def align(
     ``offsets[E]`` (on the device) is the number of padded rows in use; blocks
     past it have expert ``E`` and rows past it hold the sentinel ``M*k``. ``pdl``: the launch
     keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none. ``zero``: a
-    contiguous int32 buffer to zero on the way (GEMM1's split-K counters), or none.
+    contiguous int32 buffer to zero on the way (the GEMMs' split-K counters), or none.
     """
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous() or ids.dtype != torch.int32:
