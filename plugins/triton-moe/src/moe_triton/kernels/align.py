@@ -8,7 +8,7 @@ decode step launches a handful of programs, not one per possible expert.
 1. ``_plan`` (one program): histogram of expert ids, padded segment offsets
    (each expert's pairs padded to a multiple of BLOCK_M), the number of used
    padded rows, the expert of every block, the padding sentinel everywhere,
-   zeroed per-expert cursors and, optionally, a caller's int32 buffer (GEMM1's
+   zeroed per-expert cursors and, optionally, a caller's int32 buffer (the
    split-K arrival counters of both GEMMs: zeroing them here costs no extra launch).
 2. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
    claims the next row of its expert's segment with an atomic increment.
