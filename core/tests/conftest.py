@@ -52,12 +52,17 @@ class Site:
 
     def python(self, code: str, env: dict[str, str] | None = None, check: bool = True):
         """Run ``code`` in a fresh interpreter that sees this site's distributions."""
+        return self._run(["-c", textwrap.dedent(code)], env, check)
+
+    def moe(self, *args: str, env: dict[str, str] | None = None, check: bool = False):
+        """Run the ``moe`` command in a fresh interpreter that sees this site's distributions."""
+        return self._run(["-m", "moe_core.cli", *args], env, check)
+
+    def _run(self, argv: list[str], env: dict[str, str] | None, check: bool):
         full_env = {k: v for k, v in os.environ.items() if k not in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR)}
         full_env["PYTHONPATH"] = self.pythonpath
         full_env.update(env or {})
-        proc = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300
-        )
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=full_env, timeout=300)
         if check and proc.returncode != 0:
             raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         return proc

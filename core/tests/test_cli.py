@@ -112,9 +112,9 @@ def test_check_torch_json(capsys):
 
 
 def test_check_reports_failures_with_exit_code(site, capsys):
-    from test_conformance_catches_bugs import BUGGY, buggy_source
+    from test_conformance_catches_bugs import BUGGY
 
-    site.add("moe-swapped", "swapped", source=buggy_source("swapped", BUGGY["swapped"]))
+    site.add("moe-swapped", "swapped", body=BUGGY["swapped"])
     code, out, _ = run_cli(capsys, "check", "swapped", "--json", "-k", "reference[fp32")
     report = json.loads(out)
     assert code == 1 and report["failed"] == 3

@@ -30,6 +30,29 @@ BUGGY = {
         def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
             return super().apply(hidden_states, topk_ids, topk_weights, prepared, None)
     """,
+    # changes one byte of the caller's canonical w13 in place while preparing
+    "mutates": """
+        def prepare(self, weights):
+            import torch
+            weights.w13.view(torch.uint8).view(-1)[:1].add_(1)
+            return super().prepare(weights)
+    """,
+    # declares biases but applies them only with swiglu_oai (the one activation the suite used to try)
+    "oaibias": """
+        def prepare(self, weights):
+            from moe_core.weights import MoeWeights
+            if self.config.activation == "swiglu_oai":
+                return weights
+            return MoeWeights(weights.w13, weights.w2, None, None, weights.w13_scale, weights.w2_scale,
+                              weights.w13_global_scale, weights.w2_global_scale)
+    """,
+    # claims to handle out-of-range ids but clamps them into range: -1 becomes expert 0
+    "clamps": """
+        handles_invalid_ids = True
+        def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
+            ids = topk_ids.clamp(0, self.config.num_experts - 1)
+            return super().apply(hidden_states, ids, topk_weights, prepared, out)
+    """,
     # adds noise on every call: not deterministic, and wrong
     "noisy": """
         def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
@@ -40,29 +63,8 @@ BUGGY = {
 }
 
 
-def buggy_source(name: str, body: str) -> str:
-    import textwrap
-
-    return f"""
-from moe_core import API_VERSION, hookimpl
-from moe_core.backends.torch_backend import TorchFusedOp
-
-class Buggy(TorchFusedOp):
-    name = {name!r}
-{textwrap.indent(textwrap.dedent(body), "    ")}
-
-@hookimpl
-def moe_api_version():
-    return API_VERSION
-
-@hookimpl
-def moe_fused_ops():
-    return [Buggy]
-"""
-
-
 def run_kind(site, name, kinds):
-    site.add(f"moe-{name}", name, source=buggy_source(name, BUGGY[name]))
+    site.add(f"moe-{name}", name, body=BUGGY[name])
     conf = Conformance(name, "cpu", registry=site.registry())
     return {c.id: conf.run(c) for c in all_cases() if c.kind in kinds}
 
@@ -83,7 +85,26 @@ def test_dropped_bias_fails_bias_cases(site):
 
 def test_ignored_out_buffer_fails(site):
     results = run_kind(site, "noout", {"out_buffer"})
-    assert all(r.status == FAILED and "did not return buf" in r.reason for r in results.values())
+    assert all(r.status == FAILED and "apply was given out= and returned" in r.reason for r in results.values())
+
+
+def test_prepare_that_modifies_the_callers_weights_fails(site):
+    results = run_kind(site, "mutates", {"reference"})
+    assert results and all(
+        r.status == FAILED and "prepare modified the caller's canonical weights" in r.reason for r in results.values()
+    )
+
+
+def test_bias_ignored_with_some_activations_fails(site):
+    results = run_kind(site, "oaibias", {"bias"})
+    by_act = {r.case.activation: r.status for r in results.values() if r.case.scheme == "fp32"}
+    assert by_act == {"silu": FAILED, "gelu": FAILED, "swiglu_oai": PASSED}
+
+
+def test_invalid_ids_mapped_to_a_real_expert_fail(site):
+    results = run_kind(site, "clamps", {"expert_ids"})
+    unassigned = [r for r in results.values() if r.case.bad == "unassigned"]
+    assert unassigned and all(r.status == FAILED for r in unassigned)
 
 
 def test_noise_fails_determinism(site):

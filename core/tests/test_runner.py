@@ -90,7 +90,7 @@ def test_bad_out_buffer():
         runner(x, ids, tw, out=torch.empty(5, 32, dtype=torch.float16))
     with pytest.raises(InvalidInputError, match="contiguous"):
         runner(x, ids, tw, out=torch.empty(32, 5).T)
-    with pytest.raises(InvalidInputError, match="alias"):
+    with pytest.raises(InvalidInputError, match="share memory with hidden_states"):
         runner(x, ids, tw, out=x)
 
 
@@ -98,12 +98,28 @@ def test_expert_ids_out_of_range_are_rejected():
     cfg, w = make()
     runner = MoeRunner(cfg, w)
     x, ids, tw = random_inputs(cfg, 5)
-    ids[2, 1] = cfg.num_experts
-    with pytest.raises(InvalidInputError, match=r"\[0, 6\)"):
-        runner(x, ids, tw)
+    for bad in (cfg.num_experts, 10**6, -2):
+        ids[2, 1] = bad
+        with pytest.raises(InvalidInputError, match=r"\[0, 6\) or -1"):
+            runner(x, ids, tw)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_unassigned_id_contributes_zero(check):
+    """-1 marks a pair as "not on this rank": the result equals the layer without that pair."""
+    cfg, w = make()
+    runner = MoeRunner(cfg, w, check_expert_ids=check)
+    x, ids, tw = random_inputs(cfg, 5)
     ids[2, 1] = -1
-    with pytest.raises(InvalidInputError, match=r"\[0, 6\)"):
-        runner(x, ids, tw)
+    ids[4, :] = -1  # a token with no expert here at all
+    dropped = tw.clone()
+    dropped[2, 1] = 0.0
+    dropped[4, :] = 0.0
+    valid = ids.clamp(min=0)
+    expected = reference_for(cfg, w, x, valid, dropped)
+    out = runner(x, ids, tw)
+    assert torch.equal(out[4], torch.zeros_like(out[4]))
+    assert relative_l2(out, expected) <= tolerance(cfg.quant_scheme, cfg.dtype)
 
 
 @pytest.mark.parametrize(
@@ -166,3 +182,25 @@ def test_non_contiguous_input():
     strided = wide[:, ::2]
     assert not strided.is_contiguous()
     torch.testing.assert_close(runner(strided, ids, tw), runner(x, ids, tw))
+
+
+def test_out_overlapping_any_input_is_refused():
+    """A range check, not identity: a view that starts elsewhere in the same buffer is refused too."""
+    cfg, w = make()
+    runner = MoeRunner(cfg, w)
+    x, ids, tw = random_inputs(cfg, 4)
+    big = torch.zeros(8, 32)
+    x_view, out_view = big[:4], big[3:7]  # rows 3 overlap
+    with pytest.raises(InvalidInputError, match="share memory with hidden_states"):
+        runner(x_view, ids, tw, out=out_view)
+    assert runner(big[:4], ids, tw, out=big[4:]) is not None  # adjacent, not overlapping: fine
+    pool = torch.zeros(4 * 32 + 8)
+    tw_in_pool, out_in_pool = pool[:8].view(4, 2), pool[4:].narrow(0, 0, 4 * 32).view(4, 32)
+    tw_in_pool.copy_(tw)
+    with pytest.raises(InvalidInputError, match="share memory with topk_weights"):
+        runner(x, ids, tw_in_pool, out=out_in_pool)
+    raw = torch.zeros(4 * 32, dtype=torch.float32)
+    ids_in_raw = raw[:8].view(torch.int32).view(4, 2)
+    ids_in_raw.copy_(ids)
+    with pytest.raises(InvalidInputError, match="share memory with topk_ids"):
+        runner(x, ids_in_raw, tw, out=raw.view(4, 32))

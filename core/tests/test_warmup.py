@@ -74,7 +74,7 @@ def test_a_raising_hook_is_reported_not_a_traceback(site, capsys):
     add(site, "broken", 'raise RuntimeError("ninja failed")')
     code, out, _ = run_cli(capsys, "warmup", "broken")
     assert code == 1
-    assert "Warming.warmup raised RuntimeError: ninja failed" in out
+    assert "moe-warming 1.0: warmup raised RuntimeError: ninja failed" in out
 
 
 def test_a_missing_backend_is_an_install_hint(capsys):

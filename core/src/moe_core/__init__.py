@@ -35,6 +35,7 @@ _LAZY = {
     "BackendUnavailableError": "moe_core.errors",
     "DuplicateBackendError": "moe_core.errors",
     "PluginLoadError": "moe_core.errors",
+    "PluginError": "moe_core.errors",
     "IncompatiblePluginError": "moe_core.errors",
     "PluginWarning": "moe_core.errors",
 }
@@ -61,6 +62,7 @@ __all__ = [
     "BackendUnavailableError",
     "DuplicateBackendError",
     "PluginLoadError",
+    "PluginError",
     "IncompatiblePluginError",
     "PluginWarning",
 ]
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover
         IncompatiblePluginError,
         InvalidInputError,
         MoeError,
+        PluginError,
         PluginLoadError,
         PluginWarning,
     )

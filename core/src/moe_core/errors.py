@@ -47,3 +47,17 @@ class IncompatiblePluginError(PluginLoadError):
 
 class BackendUnavailableError(BackendError):
     """The backend loaded but cannot run this problem on this machine."""
+
+
+class PluginError(BackendError):
+    """Plugin code raised, or answered something the contract forbids, in one step.
+
+    Raised by the one guarded path into plugin code (``moe_core.guard``): the
+    message names the distribution, its version and the step; ``step`` and
+    ``traceback`` keep them for reports, and the original exception is chained.
+    """
+
+    def __init__(self, message: str, *, step: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+        self.traceback = traceback

@@ -70,6 +70,11 @@ class FusedOp:
     supports_router_weight_on_input: ClassVar[bool] = False
     #: hidden and intermediate sizes must be multiples of this
     size_alignment: ClassVar[int] = 1
+    #: True when ``apply`` gives every (token, slot) pair whose expert id lies outside ``[0, E)`` a zero
+    #: contribution and never reads memory for it (the expert-id contract in docs/design.md). When False
+    #: the runner masks such pairs itself before ``apply`` (id 0, routing weight 0): two small elementwise
+    #: ops per forward that a backend declaring True does not pay.
+    handles_invalid_ids: ClassVar[bool] = False
 
     # ---- support ------------------------------------------------------------
     @classmethod

@@ -2,9 +2,10 @@
 
 One ``PluginRegistry`` holds what has been discovered (cached until
 ``refresh()``) and what has been loaded (each entry at most once). It is
-thread-safe (one re-entrant lock around discovery and loading) and survives
-``fork``: the child gets a fresh lock, so a fork taken while another thread
-held it cannot deadlock. Selection lives in ``moe_core.selection``; the
+thread-safe (a re-entrant lock around discovery and the tables, one lock per
+entry around its import, one around pluggy's manager) and survives ``fork``:
+the child gets fresh locks, so a fork taken while another thread held one
+cannot deadlock. Selection lives in ``moe_core.selection``; the
 registry only answers "what is there and what happened when we loaded it".
 """
 
@@ -18,7 +19,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from moe_core.discovery import GROUP, PluginEntry, read_entries
-from moe_core.errors import IncompatiblePluginError, PluginLoadError, PluginWarning
+from moe_core.errors import IncompatiblePluginError, PluginError, PluginLoadError, PluginWarning
+from moe_core.guard import support
+from moe_core.loading import ERROR, INCOMPATIBLE, from_error, import_entry, load_entry, new_plugin_manager
 from moe_core.settings import PluginFilters
 
 DISCOVERED = "discovered"
@@ -52,6 +55,8 @@ class PluginRegistry:
         self._lock = threading.RLock()
         self._entries: tuple[PluginEntry, ...] | None = None
         self._results: dict[tuple[str, str], object] = {}
+        self._entry_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._pm_lock = threading.Lock()
         self._pm = None
         self._warned: set[tuple[str, str]] = set()
         ref = weakref.ref(self)
@@ -60,6 +65,8 @@ class PluginRegistry:
             registry = ref()
             if registry is not None:
                 registry._lock = threading.RLock()
+                registry._pm_lock = threading.Lock()
+                registry._entry_locks = {}
 
         os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -113,35 +120,38 @@ class PluginRegistry:
     def load(self, entry: PluginEntry, strict: bool | None = None):
         """Load ``entry`` once and return its ``LoadResult``.
 
-        With ``strict`` (default: ``MOE_STRICT_PLUGINS``) a failed load raises
-        ``PluginLoadError``/``IncompatiblePluginError`` chained to the cause.
+        Locked per entry: a slow plugin import delays only callers of that same
+        entry, never a runner of another backend. With ``strict`` (default:
+        ``MOE_STRICT_PLUGINS``) a failed load raises ``PluginLoadError`` /
+        ``IncompatiblePluginError`` chained to the cause.
         """
-        from moe_core.loading import INCOMPATIBLE, load_entry, new_plugin_manager
-
+        key = (entry.qualified_name, entry.value)
         with self._lock:
-            key = (entry.qualified_name, entry.value)
             result = self._results.get(key)
-            if result is None:
-                if self._pm is None:
-                    self._pm = new_plugin_manager()
-                result = load_entry(self._pm, entry)
-                self._results[key] = result
+            entry_lock = self._entry_locks.setdefault(key, threading.Lock())
+        if result is None:
+            with entry_lock:
+                result = self._results.get(key)
+                if result is None:
+                    try:
+                        plugin = import_entry(entry)
+                    except PluginError as exc:
+                        result = from_error(entry, exc)
+                    else:
+                        with self._pm_lock:  # pluggy's manager is not thread-safe; registering is quick
+                            if self._pm is None:
+                                self._pm = new_plugin_manager()
+                            result = load_entry(self._pm, entry, plugin)
+                    with self._lock:
+                        self._results[key] = result
         if strict is None:
             strict = PluginFilters.from_environ().strict
         if strict and not result.ok:
             cls = IncompatiblePluginError if result.status == INCOMPATIBLE else PluginLoadError
-            raise cls(f"moe plugin {entry.qualified_name!r} failed to load: {result.reason}") from result.error
+            raise cls(
+                f"moe plugin {entry.qualified_name!r} failed to load: {result.reason} (MOE_STRICT_PLUGINS is set)"
+            ) from result.error
         return result
-
-    @property
-    def plugin_manager(self):
-        """The pluggy PluginManager holding every plugin loaded so far."""
-        with self._lock:
-            if self._pm is None:
-                from moe_core.loading import new_plugin_manager
-
-                self._pm = new_plugin_manager()
-            return self._pm
 
     # ---- reporting ----------------------------------------------------------
     def describe(self, check: bool = False) -> list[BackendInfo]:
@@ -171,16 +181,22 @@ class PluginRegistry:
                 continue
             a2a = tuple(sorted({a for op in result.fused_ops for a in op.a2a_backends}))
             prio = max(op.priority for op in result.fused_ops)
-            supports = [op.available() for op in result.fused_ops]
+            extra = dict(a2a_backends=a2a, priority=prio, **base)
             if dup_reason:
-                rows.append(BackendInfo(status="error", reason=dup_reason, a2a_backends=a2a, priority=prio, **base))
-            elif any(supports):
+                rows.append(BackendInfo(status=ERROR, reason=dup_reason, **extra))
+                continue
+            try:
+                supports = [support(e, "available", op.available) for op in result.fused_ops]
+            except PluginError as exc:
+                rows.append(BackendInfo(status=ERROR, reason=str(exc), **extra))
+                continue
+            if any(supports):
                 # an available backend may still say something (e.g. which kernel path it will take)
                 note = "; ".join(sorted({s.reason for s in supports if s and s.reason}))
-                rows.append(BackendInfo(status=AVAILABLE, reason=note, a2a_backends=a2a, priority=prio, **base))
+                rows.append(BackendInfo(status=AVAILABLE, reason=note, **extra))
             else:
                 reason = "; ".join(sorted({s.reason for s in supports}))
-                rows.append(BackendInfo(status=UNAVAILABLE, reason=reason, a2a_backends=a2a, priority=prio, **base))
+                rows.append(BackendInfo(status=UNAVAILABLE, reason=reason, **extra))
         return rows
 
 

@@ -3,19 +3,23 @@
 Construction does all the thinking: validate the weights against the config,
 select the backend (discovering and loading plugins through entry points if
 this is the first runner), prepare the weights into the backend's layout once.
-A forward then validates tensor metadata and calls the bound ``apply`` — no
-registry lookup, no hook call, no plugin discovery per call.
+A forward then validates tensor metadata, calls the bound ``apply`` and checks
+the metadata of what it returned (shape, dtype, device, ``out`` itself) — no
+registry lookup, no hook call, no plugin discovery, no synchronisation per call.
 """
 
 from __future__ import annotations
 
 import torch
 
+from moe_core import guard
 from moe_core.config import MoeConfig, MoeProblem
+from moe_core.errors import BackendError, BackendUnavailableError, PluginError
 from moe_core.plugins import PluginRegistry
 from moe_core.requirements import env_flag
-from moe_core.selection import select
-from moe_core.validation import validate_expert_ids, validate_forward
+from moe_core.selection import Selection, candidates, skip
+from moe_core.settings import PluginFilters
+from moe_core.validation import mask_invalid_ids, validate_expert_ids, validate_forward
 from moe_core.weights import MoeWeights, validate_weights
 
 
@@ -29,11 +33,15 @@ class MoeRunner:
     qualified by its distribution (``"moe-triton:triton"``) to choose between
     two distributions that provide the same name.
 
-    ``check_expert_ids`` validates that ``topk_ids`` lie in ``[0, E)`` on every
-    forward (a kernel fed an out-of-range id would read another expert's
-    memory). Default: always on CPU (free); on CUDA only when
+    Expert ids (the contract in docs/design.md): a pair whose id is -1
+    (``validation.UNASSIGNED``, "on another rank") contributes zero on every
+    backend. ``check_expert_ids`` rejects any other id outside ``[0, E)`` on
+    every forward. Default: always on CPU (free); on CUDA only when
     ``MOE_CHECK_EXPERT_IDS=1``, because it costs two small launches per forward
-    and fires as a device-side assertion.
+    and fires as a device-side assertion that ends the process. With the check
+    off such an id still contributes zero and is never read past the weights:
+    the backend handles it (``FusedOp.handles_invalid_ids``) or the runner
+    masks it before ``apply``.
     """
 
     def __init__(
@@ -51,13 +59,39 @@ class MoeRunner:
         self.config = config
         self.device = device
         self.problem = MoeProblem(config, device)
-        self.selection = select(self.problem, backend, registry)
-        self.fused_op = self.selection.op(self.problem)
-        self.prepared = self.fused_op.prepare(weights)
-        self._apply = self.fused_op.apply
+        self._bind_first(candidates(self.problem, backend, registry), weights, backend == "auto")
+        op = self.selection.op
+        # ids outside [0, E): the backend gives them zero itself, or the runner masks them before apply
+        self._mask_ids = not op.handles_invalid_ids
+        # masking zeroes a pair's routing weight, which zeroes its output unless the weight scales the input
+        # and a bias still reaches the output: then -1 is refused and every id is checked
+        exact_mask = not (config.apply_router_weight_on_input and config.has_bias)
+        self._allow_unassigned = not self._mask_ids or exact_mask
         if check_expert_ids is None:
             check_expert_ids = device.type != "cuda" or env_flag("MOE_CHECK_EXPERT_IDS")
-        self.check_expert_ids = check_expert_ids
+        self.check_expert_ids = check_expert_ids or not self._allow_unassigned
+
+    def _bind_first(self, choices: list[Selection], weights: MoeWeights, fall_back: bool) -> None:
+        """Construct the first choice and prepare the weights, both through the plugin door; under ``auto``
+        a backend that fails here is skipped (one warning) for the next one."""
+        failures = []
+        for selection in choices:
+            entry = selection.entry
+            try:
+                self.fused_op = guard.call(entry, "__init__", selection.op, self.problem)
+                self.prepared = guard.call(entry, "prepare", self.fused_op.prepare, weights)
+            except PluginError as exc:
+                if not fall_back:
+                    raise
+                skip(entry, str(exc), PluginFilters.from_environ().strict, exc)
+                failures.append(f"  - {entry.qualified_name}: {exc}")
+                continue
+            self.selection = selection
+            self._apply = self.fused_op.apply
+            return
+        raise BackendUnavailableError(
+            "every backend that supports this problem failed to bind:\n" + "\n".join(failures)
+        )
 
     @property
     def backend(self) -> str:
@@ -80,10 +114,32 @@ class MoeRunner:
         ``topk_ids`` int32 ``[M, k]`` and ``topk_weights`` float32 ``[M, k]`` as
         produced by ``moe_core.routing``. Writes into ``out`` when given.
         """
-        validate_forward(self.config, self.device, hidden_states, topk_ids, topk_weights, out)
+        config = self.config
+        validate_forward(config, self.device, hidden_states, topk_ids, topk_weights, out)
         if self.check_expert_ids:
-            validate_expert_ids(topk_ids, self.config.num_experts)
-        return self._apply(hidden_states, topk_ids, topk_weights, self.prepared, out)
+            validate_expert_ids(topk_ids, config.num_experts, self._allow_unassigned)
+        if self._mask_ids:
+            topk_ids, topk_weights = mask_invalid_ids(topk_ids, topk_weights, config.num_experts)
+        try:
+            result = self._apply(hidden_states, topk_ids, topk_weights, self.prepared, out)
+        except Exception:
+            raise  # the caller's own handling (out of memory, bad input) keeps working
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit and the like must not end the caller's process
+            raise guard.failure(self.selection.entry, "apply", f"raised {type(exc).__name__}: {exc}", exc) from exc
+        if result is out and out is not None:
+            return result
+        m = hidden_states.shape[0]
+        if (
+            out is not None
+            or not isinstance(result, torch.Tensor)
+            or result.shape != (m, config.hidden_size)
+            or result.dtype != config.dtype
+            or result.device != hidden_states.device
+        ):
+            raise BackendError(f"backend {self.backend!r}: {_mismatch(result, out, m, config, hidden_states.device)}")
+        return result
 
     forward = __call__
 
@@ -93,3 +149,17 @@ class MoeRunner:
             f"MoeRunner(backend={self.backend!r}, E={c.num_experts}, top_k={c.top_k}, "
             f"H={c.hidden_size}, I={c.intermediate_size}, scheme={c.quant_scheme!r}, device={self.device})"
         )
+
+
+def _mismatch(result, out, m: int, config: MoeConfig, device: torch.device) -> str:
+    """What is wrong with ``apply``'s result (only called when something is)."""
+    if out is not None:
+        return f"apply was given out= and returned {_describe(result)} instead of that tensor"
+    wanted = f"[{m}, {config.hidden_size}] {str(config.dtype).replace('torch.', '')} tensor on {device}"
+    return f"apply returned {_describe(result)}, expected a {wanted}"
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}"
+    return f"a {list(t.shape)} {str(t.dtype).replace('torch.', '')} tensor on {t.device}"

@@ -1,8 +1,10 @@
 """Step 3 of 3: choose the fused op for a problem.
 
-``backend="auto"`` loads every enabled plugin and picks, among the ops whose
-support check passes, the one with the highest declared priority (ties broken
-by name, so the choice is deterministic). An explicit backend either works or
+``backend="auto"`` loads every enabled plugin and ranks the ops whose support
+check passes by declared priority (ties broken by name, so the choice is
+deterministic); a plugin that fails to load or whose check raises is passed
+over with one ``PluginWarning`` (an error under ``MOE_STRICT_PLUGINS``), and so
+is a backend name two distributions provide. An explicit backend either works or
 raises an error that lists, for every installed backend, why it was not usable.
 Nothing here runs per forward: the runner calls ``select`` once.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from moe_core import guard
 from moe_core.config import MoeProblem
 from moe_core.discovery import PluginEntry
 from moe_core.errors import (
@@ -19,6 +22,7 @@ from moe_core.errors import (
     BackendNotInstalledError,
     BackendUnavailableError,
     DuplicateBackendError,
+    PluginError,
     PluginLoadError,
     PluginWarning,
 )
@@ -61,6 +65,15 @@ def _duplicate_error(name: str, entries: list[PluginEntry]) -> DuplicateBackendE
     )
 
 
+def _served(result) -> list[str]:
+    return sorted({a for op in result.fused_ops for a in op.a2a_backends})
+
+
+def _op_for(result, problem: MoeProblem) -> type | None:
+    """The fused op of a loaded plugin that serves the problem's a2a backend, if any."""
+    return next((op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends), None)
+
+
 def explain(problem: MoeProblem, registry: PluginRegistry | None = None) -> list[tuple[str, str | None]]:
     """For every installed backend: (qualified name, None if usable else the reason)."""
     registry = registry or default_registry()
@@ -75,13 +88,16 @@ def explain(problem: MoeProblem, registry: PluginRegistry | None = None) -> list
         if not result.ok:
             out.append((e.qualified_name, f"failed to load: {result.reason}"))
             continue
-        ops = [op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends]
-        if not ops:
-            served = sorted({a for op in result.fused_ops for a in op.a2a_backends})
-            out.append((e.qualified_name, f"serves a2a backends {served}, not {problem.config.a2a_backend!r}"))
+        op = _op_for(result, problem)
+        if op is None:
+            out.append((e.qualified_name, f"serves a2a backends {_served(result)}, not {problem.config.a2a_backend!r}"))
             continue
-        support = ops[0].check(problem)
-        out.append((e.qualified_name, None if support else support.reason))
+        try:
+            answer = guard.support(e, "check", op.check, problem)
+        except PluginError as exc:
+            out.append((e.qualified_name, f"error: {exc}"))
+            continue
+        out.append((e.qualified_name, None if answer else answer.reason))
     return out
 
 
@@ -101,10 +117,16 @@ def _describe(problem: MoeProblem) -> str:
 
 def select(problem: MoeProblem, backend: str = "auto", registry: PluginRegistry | None = None) -> Selection:
     """Choose the fused op for ``problem``; raise a ``BackendError`` saying why not."""
+    return candidates(problem, backend, registry)[0]
+
+
+def candidates(problem: MoeProblem, backend: str = "auto", registry: PluginRegistry | None = None) -> list[Selection]:
+    """The fused ops that may run ``problem``, best first: one for an explicit backend; for ``"auto"``
+    every supported one in priority order, so a runner whose first choice fails to bind can take the next."""
     registry = registry or default_registry()
     if backend == "auto":
-        return _select_auto(problem, registry)
-    return _select_explicit(problem, backend, registry)
+        return _auto_candidates(problem, registry)
+    return [_select_explicit(problem, backend, registry)]
 
 
 def resolve_backend(backend: str, registry: PluginRegistry | None = None):
@@ -150,43 +172,61 @@ def resolve_backend(backend: str, registry: PluginRegistry | None = None):
 def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry) -> Selection:
     result = resolve_backend(backend, registry)
     name = result.entry.name
-    ops = [op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends]
-    if not ops:
-        served = sorted({a for op in result.fused_ops for a in op.a2a_backends})
+    op = _op_for(result, problem)
+    if op is None:
         raise BackendUnavailableError(
             f"runner backend {name!r} has no fused op for a2a backend {problem.config.a2a_backend!r} "
-            f"(it serves {served})"
+            f"(it serves {_served(result)})"
         )
-    support = ops[0].check(problem)
-    if not support:
+    try:
+        answer = guard.support(result.entry, "check", op.check, problem)
+    except PluginError as exc:
+        raise BackendUnavailableError(f"runner backend {name!r} failed its support check: {exc}") from exc
+    if not answer:
         raise BackendUnavailableError(
-            f"runner backend {name!r} cannot run this problem ({_describe(problem)}): {support.reason}\n"
+            f"runner backend {name!r} cannot run this problem ({_describe(problem)}): {answer.reason}\n"
             f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
         )
-    return Selection(ops[0], result.entry)
+    return Selection(op, result.entry)
 
 
-def _select_auto(problem: MoeProblem, registry: PluginRegistry) -> Selection:
+def skip(entry: PluginEntry, cause: str, strict: bool, error: BaseException | None = None) -> None:
+    """``auto`` passes over a faulty backend: one ``PluginWarning`` naming it, or with ``strict`` an error."""
+    message = f"moe backend {entry.qualified_name!r} skipped: {cause}"
+    if strict:
+        raise PluginLoadError(f"{message} (MOE_STRICT_PLUGINS is set)") from error
+    warnings.warn(message, PluginWarning, stacklevel=4)
+
+
+def _auto_candidates(problem: MoeProblem, registry: PluginRegistry) -> list[Selection]:
     filters = registry.filters()
     dupes = registry.duplicates(filters)
-    if dupes:
-        name, entries = sorted(dupes.items())[0]
-        raise _duplicate_error(name, entries)
-    best: tuple[int, str, Selection] | None = None
+    found: list[tuple[float, str, Selection]] = []
     for entry in registry.enabled_entries(filters):
+        if entry.name in dupes:
+            if filters.strict:
+                raise _duplicate_error(entry.name, dupes[entry.name])
+            if entry == dupes[entry.name][0]:  # one warning for the pair, naming both
+                skip(entry, str(_duplicate_error(entry.name, dupes[entry.name])), strict=False)
+            continue
         result = registry.load(entry, strict=filters.strict)
         if not result.ok:
-            warnings.warn(f"moe plugin {entry.qualified_name!r} skipped: {result.reason}", PluginWarning, stacklevel=3)
+            skip(entry, result.reason, filters.strict, result.error)
             continue
-        for op in result.fused_ops:
-            if problem.config.a2a_backend in op.a2a_backends and op.check(problem):
-                # highest priority first, then alphabetical name for a stable choice
-                key = (-op.priority, entry.name)
-                if best is None or key < best[:2]:
-                    best = (*key, Selection(op, entry))
-    if best is None:
+        op = _op_for(result, problem)
+        if op is None:
+            continue
+        try:
+            answer = guard.support(entry, "check", op.check, problem)
+        except PluginError as exc:
+            skip(entry, str(exc), filters.strict, exc)
+            continue
+        if answer:
+            found.append((-op.priority, entry.name, Selection(op, entry)))
+    if not found:
         raise BackendUnavailableError(
             f"no installed backend can run this problem ({_describe(problem)}).\n"
             f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
         )
-    return best[2]
+    # highest priority first, then alphabetical name for a stable choice
+    return [sel for *_, sel in sorted(found, key=lambda f: f[:2])]

@@ -57,12 +57,34 @@ def validate_forward(
             )
         if not out.is_contiguous():
             raise InvalidInputError("out must be contiguous")
-        if out.data_ptr() == hidden_states.data_ptr() and m > 0:
-            raise InvalidInputError("out must not alias hidden_states")
+        for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if _overlap(out, t):
+                raise InvalidInputError(f"out must not share memory with {name}")
 
 
-def validate_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Expert ids must lie in ``[0, num_experts)``.
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] byte address ``t`` can touch (strides are never negative in torch)."""
+    start = t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) * t.element_size()
+    return start, start + last + t.element_size() - 1
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory ranges of ``a`` and ``b`` intersect (a range check, not only identity: a view
+    that starts elsewhere in the same buffer overlaps too)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 <= b1 and b0 <= a1
+
+
+#: the expert id that marks a (token, slot) pair as "not assigned here" (expert parallelism's
+#: marker for an expert on another rank): it contributes zero on every backend
+UNASSIGNED = -1
+
+
+def validate_expert_ids(topk_ids: torch.Tensor, num_experts: int, allow_unassigned: bool = True) -> None:
+    """Expert ids must lie in ``[0, num_experts)``, or be ``UNASSIGNED`` (-1) when allowed.
 
     This reads values, so it is not free: on CPU it raises ``InvalidInputError``;
     on CUDA it queues a device-side assertion (``torch._assert_async``) that
@@ -71,10 +93,21 @@ def validate_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
     """
     if topk_ids.numel() == 0:
         return
+    floor = UNASSIGNED if allow_unassigned else 0
     lo, hi = topk_ids.aminmax()
+    allowed = f"[0, {num_experts})" + (f" or {UNASSIGNED}" if allow_unassigned else "")
     if topk_ids.device.type == "cuda":
-        torch._assert_async((lo >= 0) & (hi < num_experts), f"topk_ids must lie in [0, {num_experts})")
+        torch._assert_async((lo >= floor) & (hi < num_experts), f"topk_ids must lie in {allowed}")
         return
     lo, hi = int(lo), int(hi)
-    if lo < 0 or hi >= num_experts:
-        raise InvalidInputError(f"topk_ids must lie in [0, {num_experts}), found values in [{lo}, {hi}]")
+    if lo < floor or hi >= num_experts:
+        raise InvalidInputError(f"topk_ids must lie in {allowed}, found values in [{lo}, {hi}]")
+
+
+def mask_invalid_ids(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs with ids outside ``[0, num_experts)`` become (expert 0, weight 0): a zero contribution for a
+    backend that does not handle such ids itself, without reading any value on the host."""
+    valid = (topk_ids >= 0) & (topk_ids < num_experts)
+    return torch.where(valid, topk_ids, 0), torch.where(valid, topk_weights, 0.0)

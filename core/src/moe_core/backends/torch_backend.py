@@ -20,6 +20,7 @@ from moe_core.errors import InvalidInputError
 from moe_core.fused_op import FusedOp
 from moe_core.quant import dequantize_projection
 from moe_core.quant.act_quant import activation_fake_quant
+from moe_core.validation import UNASSIGNED
 from moe_core.weights import MoeWeights
 
 
@@ -33,6 +34,7 @@ class TorchFusedOp(FusedOp):
     device_types = frozenset({"cpu", "cuda"})
     supports_bias = True
     supports_router_weight_on_input = True
+    handles_invalid_ids = True  # -1 pairs are left out; any other out-of-range id raises (it syncs anyway)
 
     def prepare(self, weights: MoeWeights) -> MoeWeights:
         # The reference keeps canonical weights as they are; dequantization
@@ -58,11 +60,16 @@ class TorchFusedOp(FusedOp):
         result = torch.zeros(m, h, dtype=torch.float32, device=hidden_states.device)
         if m > 0:
             lo, hi = (int(v) for v in flat_ids.aminmax())
-            if lo < 0 or hi >= cfg.num_experts:
-                raise InvalidInputError(f"topk_ids must lie in [0, {cfg.num_experts}), found values in [{lo}, {hi}]")
+            if lo < UNASSIGNED or hi >= cfg.num_experts:
+                raise InvalidInputError(
+                    f"topk_ids must lie in [0, {cfg.num_experts}) or be {UNASSIGNED}, found values in [{lo}, {hi}]"
+                )
+            # unassigned pairs (-1) sort first and are left out: their slots stay zero
             order = torch.argsort(flat_ids, stable=True)
+            counts = torch.bincount(flat_ids + 1, minlength=cfg.num_experts + 1).tolist()
+            skipped, counts = counts[0], counts[1:]
+            order = order[skipped:]
             token_of = order // k
-            counts = torch.bincount(flat_ids, minlength=cfg.num_experts).tolist()
             x = hidden_states.index_select(0, token_of).float()
             route_w = topk_weights.reshape(-1).index_select(0, order).unsqueeze(1)
             if cfg.apply_router_weight_on_input:
@@ -72,7 +79,7 @@ class TorchFusedOp(FusedOp):
             # first GEMM + activation for every active expert, then the second
             # GEMM's input is quantized as one tensor (schemes with activation
             # quantization use one dynamic scale over the whole GEMM input)
-            acts = torch.empty(m * k, cfg.intermediate_size, dtype=torch.float32, device=x.device)
+            acts = torch.empty(order.numel(), cfg.intermediate_size, dtype=torch.float32, device=x.device)
             start = 0
             for e, n in active:
                 h13 = x[start : start + n] @ self.expert_weight(prepared, "w13", e).T
@@ -83,7 +90,7 @@ class TorchFusedOp(FusedOp):
                 )
                 start += n
             acts = self._act_quant(acts)
-            y = torch.empty(m * k, h, dtype=torch.float32, device=x.device)
+            y = torch.empty(order.numel(), h, dtype=torch.float32, device=x.device)
             start = 0
             for e, n in active:
                 ye = acts[start : start + n] @ self.expert_weight(prepared, "w2", e).T
@@ -95,7 +102,7 @@ class TorchFusedOp(FusedOp):
                 y = y * route_w
             # Back to (token, slot) order, then a fixed-order sum over the k slots:
             # deterministic, unlike an atomic scatter-add.
-            unsorted = torch.empty_like(y)
+            unsorted = torch.zeros(m * k, h, dtype=torch.float32, device=x.device)
             unsorted[order] = y
             result = unsorted.view(m, k, h).sum(dim=1)
         if out is None:

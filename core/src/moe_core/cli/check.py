@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import sys
+import time
 
 from moe_core.cli._console import stdout_console as _console
 
@@ -38,11 +41,25 @@ def run(args) -> int:
     cases = [c for c in all_cases() if args.filter in f"{c.kind}[{c.id}]"]
     console = Console(stderr=True)
     results = []
-    with Progress(console=console, transient=True, disable=args.json and not console.is_terminal) as progress:
-        task = progress.add_task(f"checking {args.backend} on {conf.device}", total=len(cases))
-        for case in cases:
-            results.append(conf.run(case))
-            progress.advance(task)
+    if console.is_terminal:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(f"checking {args.backend} on {conf.device}", total=len(cases))
+            for case in cases:
+                results.append(conf.run(case))
+                progress.advance(task)
+    else:  # a log (CI): one line per kind of case as it finishes, so a slow backend shows it is alive
+        print(f"checking {args.backend} on {conf.device}: {len(cases)} cases", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        for kind, group in itertools.groupby(cases, key=lambda c: c.kind):
+            done = [conf.run(case) for case in group]
+            results += done
+            c = summarize(done)
+            print(
+                f"  {kind}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped "
+                f"[{time.monotonic() - started:.0f} s]",
+                file=sys.stderr,
+                flush=True,
+            )
     counts = summarize(results)
     if args.json:
         print(

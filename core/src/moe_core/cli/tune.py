@@ -34,20 +34,24 @@ def run(args) -> int:
 
     import torch
 
+    from moe_core import guard
     from moe_core.errors import BackendUnavailableError, InvalidInputError
     from moe_core.selection import resolve_backend
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise BackendUnavailableError("moe tune times kernels on a GPU, and no CUDA device is available here")
-    ops = resolve_backend(args.backend).fused_ops
-    tune = getattr(ops[0], "tune", None)
+    result = resolve_backend(args.backend)
+    tune = getattr(result.fused_ops[0], "tune", None)
     if tune is None:
         raise BackendUnavailableError(f"backend {args.backend!r} has nothing to tune (its fused op has no 'tune')")
     try:
         tokens = [int(t) for t in args.tokens.split(",")]
     except ValueError:
         raise InvalidInputError(f"--tokens must be comma-separated integers, got {args.tokens!r}") from None
-    path = tune(
+    path = guard.call(
+        result.entry,
+        "tune",
+        tune,
         presets=args.preset or list(MODEL_PRESETS),
         scheme=args.scheme,
         tokens=tokens,

@@ -33,6 +33,8 @@ def _progress(started: float):
 
 
 def run(args) -> int:
+    from moe_core import guard
+    from moe_core.errors import PluginError
     from moe_core.fused_op import Support
     from moe_core.selection import resolve_backend
 
@@ -44,11 +46,9 @@ def run(args) -> int:
         label = f"{result.entry.name} (a2a {', '.join(op.a2a_backends)})"
         report(f"warming up {label} from {result.entry.distribution} {result.entry.version}")
         try:
-            support = op.warmup(report)
-            if not isinstance(support, Support):
-                support = Support.no(f"{op.__name__}.warmup returned {support!r}, not a Support")
-        except Exception as exc:  # a plugin's failure is reported, never a traceback from moe
-            support = Support.no(f"{op.__name__}.warmup raised {type(exc).__name__}: {exc}")
+            support = guard.support(result.entry, "warmup", op.warmup, report)
+        except PluginError as exc:  # a plugin's failure is reported, never a traceback from moe
+            support = Support.no(str(exc))
         rows.append(
             {"op": op.__name__, "a2a_backends": list(op.a2a_backends), "ok": support.ok, "reason": support.reason}
         )

@@ -82,21 +82,24 @@ def _dtypes(scheme: str) -> tuple[torch.dtype, ...]:
 
 
 def all_cases() -> list[Case]:
-    """Every case, grouped by kind in a stable order."""
-    cases = []
-    for scheme in SCHEMES:
-        for dtype in _dtypes(scheme):
-            for act in ACTIVATIONS:
-                cases.append(Case("reference", scheme, dtype, activation=act))
-    for scheme in SCHEMES:
-        cases.append(Case("bias", scheme, activation="swiglu_oai", bias=True))
-        cases.append(Case("router_weight_on_input", scheme, router_weight_on_input=True))
-        for shape in ("m0", "m1", "large", "one_expert", "zero_weights"):
-            cases.append(Case("shapes", scheme, shape=shape))
-        cases.append(Case("out_buffer", scheme))
-        cases.append(Case("deterministic", scheme))
-        cases.append(Case("non_contiguous", scheme))
-    for bad in ("dtype", "ids_dtype", "shape", "device", "expert_range", "out_dtype"):
+    """Every case, grouped by kind in a stable order (``moe check`` reports one line per kind)."""
+    cases = [
+        Case("reference", scheme, dtype, activation=act)
+        for scheme in SCHEMES
+        for dtype in _dtypes(scheme)
+        for act in ACTIVATIONS
+    ]
+    per_scheme = [
+        *(dict(kind="bias", activation=act, bias=True) for act in ACTIVATIONS),
+        dict(kind="router_weight_on_input", router_weight_on_input=True),
+        *(dict(kind="expert_ids", bad=ids) for ids in ("unassigned", "beyond")),
+        *(dict(kind="shapes", shape=shape) for shape in ("m0", "m1", "large", "one_expert", "zero_weights")),
+        dict(kind="out_buffer"),
+        dict(kind="deterministic"),
+        dict(kind="non_contiguous"),
+    ]
+    cases += [Case(scheme=scheme, **spec) for spec in per_scheme for scheme in SCHEMES]
+    for bad in ("dtype", "ids_dtype", "shape", "device", "expert_range", "out_dtype", "out_overlap"):
         cases.append(Case("bad_input", "auto", bad=bad))
     return cases
 
@@ -174,12 +177,21 @@ class Conformance:
             reasons.append(support.reason)
         raise _Skip(f"{self.backend} declines: {reasons[0]}")
 
-    def _layer(self, cfg: MoeConfig):
+    def _layer(self, cfg: MoeConfig, **runner_kwargs):
+        """(canonical weights, runner); fails the case when ``prepare`` changed the caller's weights."""
         from moe_core.runner import MoeRunner
         from moe_core.synthetic import random_weights
 
         weights = random_weights(cfg, self.device, seed=self.seed)
-        return weights, MoeRunner(cfg, weights, backend=self.backend, registry=self.registry)
+        pristine = {name: t.clone() for name, t in weights.tensors().items()}
+        runner = MoeRunner(cfg, weights, backend=self.backend, registry=self.registry, **runner_kwargs)
+        changed = [name for name, t in weights.tensors().items() if not _same_bits(t, pristine[name])]
+        if changed:
+            raise AssertionError(
+                f"prepare modified the caller's canonical weights ({', '.join(changed)}): a runner built later "
+                "on the same weights would compute something else"
+            )
+        return weights, runner
 
     def _inputs(self, cfg: MoeConfig, shape: str):
         from moe_core.synthetic import random_inputs
@@ -267,6 +279,29 @@ class Conformance:
         assert not xs.is_contiguous() and not ids_s.is_contiguous()
         return self._compare(cfg, weights, x, ids, tw, runner(xs, ids_s, tw))
 
+    def _run_expert_ids(self, case: Case):
+        """-1 ("unassigned") contributes zero with the id check on and off; other ids outside [0, E)
+        (``beyond``: E, 10**6, -5) with the check off either raise InvalidInputError or contribute zero."""
+        cfg = self._supported_config(case)
+        check = case.bad == "unassigned" and self.device.type != "cuda"
+        weights, runner = self._layer(cfg, check_expert_ids=check)
+        x, ids, tw = self._inputs(cfg, "default")
+        ids = ids.clone()
+        ids[0, :] = -1  # a token with no expert here
+        if case.bad == "unassigned":
+            ids[1::3, -1] = -1
+        else:
+            ids[1, 0], ids[2, -1], ids[3, 0] = cfg.num_experts, 10**6, -5
+        try:
+            out = runner(x, ids, tw)
+        except InvalidInputError:
+            if case.bad == "unassigned":
+                raise AssertionError("expert id -1 (unassigned) was refused; it must contribute zero") from None
+            return None
+        if not bool((out[0] == 0).all()):
+            raise AssertionError("a token whose every id is -1 got a non-zero output")
+        return self._compare(cfg, weights, x, ids, tw, out)
+
     def _run_bad_input(self, case: Case):
         op = self.fused_op()
         declined = []
@@ -292,6 +327,8 @@ class Conformance:
             x = x.to(other)
         elif case.bad == "out_dtype":
             out = torch.empty(x.shape[0], cfg.hidden_size, dtype=torch.float64, device=self.device)
+        elif case.bad == "out_overlap":  # out written over the input it reads
+            out = x
         elif case.bad == "expert_range":
             if self.device.type == "cuda":
                 raise _Skip(
@@ -310,6 +347,15 @@ class Conformance:
             f"bad input '{case.bad}' was accepted by {op.__name__} and returned a "
             f"{list(result.shape)} tensor instead of raising InvalidInputError"
         )
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN-safe, any dtype including fp8): compare the raw bytes."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
 
 
 def summarize(results: list[CaseResult]) -> dict:

@@ -66,7 +66,12 @@ class BackendConformance:
 
     @_param("bias")
     def test_bias(self, conformance, case):
-        """Expert biases b13/b2 (with gpt-oss's swiglu_oai)."""
+        """Expert biases b13/b2, with every activation."""
+        self.check_case(conformance, case)
+
+    @_param("expert_ids")
+    def test_expert_ids(self, conformance, case):
+        """Id -1 contributes zero; other ids outside [0, E) raise or contribute zero, never read memory."""
         self.check_case(conformance, case)
 
     @_param("router_weight_on_input")

@@ -50,17 +50,19 @@ def plugin_source(
     backend: str,
     *,
     api_version: int | str = "API_VERSION",
-    priority: int = 0,
+    priority: int | str = 0,
     device_types: tuple[str, ...] = ("cpu",),
     a2a_backends: tuple[str, ...] = ("none",),
+    body: str = "",
     extra: str = "",
 ) -> str:
     """Source of a plugin module providing backend ``backend``.
 
     Its fused op reuses the torch reference's arithmetic, so a runner bound to
-    it computes real results; ``extra`` is appended (e.g. a broken hook).
+    it computes real results; ``body`` is added to the op's class (e.g. a
+    planted bug in ``prepare``), ``extra`` to the module (e.g. a broken hook).
     """
-    return textwrap.dedent(
+    head = textwrap.dedent(
         f"""
         from moe_core import API_VERSION, hookimpl
 
@@ -77,7 +79,7 @@ def plugin_source(
                 priority = {priority}
                 device_types = frozenset({set(device_types)!r})
                 a2a_backends = {tuple(a2a_backends)!r}
-
-            return [StandInFusedOp]
         """
-    ) + textwrap.dedent(extra)
+    )
+    tail = "\n    return [StandInFusedOp]\n"
+    return head + textwrap.indent(textwrap.dedent(body), " " * 8) + tail + textwrap.dedent(extra)
