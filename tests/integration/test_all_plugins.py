@@ -25,6 +25,7 @@ from moe_core import (
     MoeProblem,
     MoeRunner,
     PluginRegistry,
+    PluginWarning,
     explain,
     select,
 )
@@ -224,10 +225,12 @@ def test_a_duplicate_key_is_reported_and_resolvable(fork_of, monkeypatch, backen
     problem = MoeProblem(SILU_BF16, DEVICE)
     registry = PluginRegistry()
     assert set(registry.duplicates()) == {backend}
-    for request in ("auto", backend):
-        with pytest.raises(DuplicateBackendError) as info:
-            select(problem, request, registry)
-        assert dist in str(info.value) and "acme-moe-fork" in str(info.value)
+    with pytest.raises(DuplicateBackendError) as info:
+        select(problem, backend, registry)
+    assert dist in str(info.value) and "acme-moe-fork" in str(info.value)
+    # auto leaves the ambiguous pair out (one warning naming both) and chooses among the others
+    with pytest.warns(PluginWarning, match=f"{dist}.*acme-moe-fork|acme-moe-fork.*{dist}"):
+        assert select(problem, "auto", registry).name != backend
     rows = [r for r in registry.describe(check=True) if r.name == backend]
     assert {r.distribution for r in rows} == {dist, "acme-moe-fork"}
     assert all(r.status == "error" and "duplicate" in r.reason for r in rows)
@@ -240,3 +243,19 @@ def test_a_duplicate_key_is_reported_and_resolvable(fork_of, monkeypatch, backen
     select(problem, "auto", registry)
     monkeypatch.setenv(BLOCK_VAR, dist)
     assert select(problem, "auto", registry).name == backend  # the fork's priority 1000 wins
+
+
+def test_every_plugin_declares_the_literal_api_version_it_was_written_for(monkeypatch):
+    """Under a future moe-core (API version 2) every plugin written for version 1 is refused: its hook
+    returns a literal, not ``moe_core.API_VERSION`` (which would claim compatibility with any core)."""
+    import moe_core
+    from moe_core import hookspecs, loading
+
+    for module in (moe_core, hookspecs, loading):
+        monkeypatch.setattr(module, "API_VERSION", 2)
+    registry = PluginRegistry()
+    plugins = [e for e in registry.entries() if normalize_distribution(e.distribution) != "moe-core"]
+    assert {e.name for e in plugins} >= set(DECLARED) - {"torch"}
+    for entry in plugins:
+        result = registry.load(entry, strict=False)
+        assert result.status == "incompatible" and "API version 1" in result.reason, (entry, result.reason)

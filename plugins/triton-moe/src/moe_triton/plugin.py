@@ -7,12 +7,16 @@ from metadata.
 
 from __future__ import annotations
 
-from moe_core import API_VERSION, hookimpl
+from moe_core import hookimpl
+
+#: the moe-core plugin API this plugin was written against, a literal on purpose: returning
+#: ``moe_core.API_VERSION`` would claim compatibility with every future moe-core
+PLUGIN_API_VERSION = 1
 
 
 @hookimpl
 def moe_api_version() -> int:
-    return API_VERSION
+    return PLUGIN_API_VERSION
 
 
 @hookimpl
