@@ -128,18 +128,7 @@ class MoeRunner:
             raise
         except BaseException as exc:  # SystemExit and the like must not end the caller's process
             raise guard.failure(self.selection.entry, "apply", f"raised {type(exc).__name__}: {exc}", exc) from exc
-        if result is out and out is not None:
-            return result
-        m = hidden_states.shape[0]
-        if (
-            out is not None
-            or not isinstance(result, torch.Tensor)
-            or result.shape != (m, config.hidden_size)
-            or result.dtype != config.dtype
-            or result.device != hidden_states.device
-        ):
-            raise BackendError(f"backend {self.backend!r}: {_mismatch(result, out, m, config, hidden_states.device)}")
-        return result
+        return check_result(self.backend, result, out, hidden_states, config)
 
     forward = __call__
 
@@ -149,6 +138,24 @@ class MoeRunner:
             f"MoeRunner(backend={self.backend!r}, E={c.num_experts}, top_k={c.top_k}, "
             f"H={c.hidden_size}, I={c.intermediate_size}, scheme={c.quant_scheme!r}, device={self.device})"
         )
+
+
+def check_result(backend: str, result, out, hidden_states: torch.Tensor, config: MoeConfig):
+    """``result`` if it is what ``apply`` must return — ``out`` itself when given, else a tensor of shape
+    ``[M, H]`` in ``config.dtype`` on the input's device — else ``BackendError`` naming ``backend`` and the
+    mismatch. Metadata only: no synchronisation, no kernel, valid under CUDA-graph capture."""
+    if result is out and out is not None:
+        return result
+    m = hidden_states.shape[0]
+    if (
+        out is not None
+        or not isinstance(result, torch.Tensor)
+        or result.shape != (m, config.hidden_size)
+        or result.dtype != config.dtype
+        or result.device != hidden_states.device
+    ):
+        raise BackendError(f"backend {backend!r}: {_mismatch(result, out, m, config, hidden_states.device)}")
+    return result
 
 
 def _mismatch(result, out, m: int, config: MoeConfig, device: torch.device) -> str:

@@ -50,32 +50,29 @@ def validate_forward(
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise InvalidInputError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if list(out.shape) != [m, config.hidden_size] or out.dtype != config.dtype or out.device != device:
+        if out.shape != (m, config.hidden_size) or out.dtype != config.dtype or out.device != device:
             raise InvalidInputError(
                 f"out must be a [{m}, {config.hidden_size}] {_fmt(config.dtype)} tensor on {device}, got "
                 f"{list(out.shape)} {_fmt(out.dtype)} on {out.device}"
             )
         if not out.is_contiguous():
             raise InvalidInputError("out must be contiguous")
-        for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
-            if _overlap(out, t):
-                raise InvalidInputError(f"out must not share memory with {name}")
+        if m:  # every tensor is non-empty and on one device here
+            lo, hi = _span(out)
+            for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+                start, end = _span(t)
+                if start < hi and lo < end:
+                    raise InvalidInputError(f"out must not share memory with {name}")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last] byte address ``t`` can touch (strides are never negative in torch)."""
+    """The bytes ``[start, end)`` that ``t`` can touch: a range check catches a view that starts elsewhere in
+    the same buffer, which an identity check misses (strides are never negative in torch)."""
     start = t.data_ptr()
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) * t.element_size()
-    return start, start + last + t.element_size() - 1
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory ranges of ``a`` and ``b`` intersect (a range check, not only identity: a view
-    that starts elsewhere in the same buffer overlaps too)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 <= b1 and b0 <= a1
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return start, start + extent * t.element_size()
 
 
 #: the expert id that marks a (token, slot) pair as "not assigned here" (expert parallelism's
