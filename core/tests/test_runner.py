@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from moe_core import MoeConfig, MoeRunner, MoeWeights
-from moe_core.errors import InvalidInputError
+from moe_core.errors import BackendError, InvalidInputError
 from moe_core.reference import reference_for
 from moe_core.synthetic import random_inputs, random_weights
 from moe_core.tolerances import relative_l2, tolerance
@@ -204,3 +204,30 @@ def test_out_overlapping_any_input_is_refused():
     ids_in_raw.copy_(ids)
     with pytest.raises(InvalidInputError, match="share memory with topk_ids"):
         runner(x, ids_in_raw, tw, out=raw.view(4, 32))
+
+
+def test_a_fused_op_class_can_be_passed_directly():
+    """No distribution, no entry point: the class itself, its support check still asked."""
+    from moe_core.backends.torch_backend import TorchFusedOp
+    from moe_core.errors import BackendUnavailableError
+
+    class Doubling(TorchFusedOp):
+        name = "doubling"
+
+        def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
+            return super().apply(hidden_states, topk_ids, topk_weights, prepared, out).mul_(2)
+
+    cfg, w = make()
+    x, ids, tw = random_inputs(cfg, 3)
+    runner = MoeRunner(cfg, w, backend=Doubling)
+    assert runner.backend == "doubling" and runner.distribution.endswith(".Doubling")
+    assert torch.allclose(runner(x, ids, tw), 2 * MoeRunner(cfg, w, backend="torch")(x, ids, tw))
+
+    class GpuOnly(TorchFusedOp):
+        name = "gpuonly"
+        device_types = frozenset({"cuda"})
+
+    with pytest.raises(BackendUnavailableError, match="GpuOnly cannot run this problem.*device type 'cpu'"):
+        MoeRunner(cfg, w, backend=GpuOnly)
+    with pytest.raises(BackendError, match="FusedOp subclass"):
+        MoeRunner(cfg, w, backend=int)

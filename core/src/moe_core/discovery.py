@@ -25,12 +25,19 @@ class PluginEntry:
     value: str
     distribution: str
     version: str
-    entry_point: metadata.EntryPoint
+    #: None for a class passed to a runner directly
+    entry_point: metadata.EntryPoint | None
 
     @property
     def qualified_name(self) -> str:
         """``distribution:name``: unique even when two distributions share a name."""
         return f"{self.distribution}:{self.name}"
+
+    @classmethod
+    def direct(cls, op: type) -> PluginEntry:
+        """The entry of a ``FusedOp`` class handed to a runner directly (no distribution, no entry point)."""
+        target = f"{op.__module__}:{op.__qualname__}"
+        return cls(getattr(op, "name", op.__name__), target, target, "(passed directly)", None)
 
     @property
     def module(self) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -159,6 +160,18 @@ class FusedOp:
         not be warmed up here. Default: ok, nothing to do.
         """
         return Support(True, "nothing to warm up")
+
+    @classmethod
+    def tune(
+        cls, presets: list[str], scheme: str, tokens: list[int], output: Path | None = None, device: str = "cuda"
+    ) -> Path | None:
+        """Time candidate kernel configurations on ``device`` and write a tuned table (``moe tune``).
+
+        ``presets`` name ``moe_core.presets`` shapes, ``tokens`` the token counts to tune for; ``output`` is
+        the table to write or merge into (None: the backend's own default place). Returns the path
+        written, or None when the backend has nothing to tune (the default).
+        """
+        return None
 
     # ---- the op -------------------------------------------------------------
     def __init__(self, problem: MoeProblem) -> None:

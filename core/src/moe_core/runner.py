@@ -29,9 +29,10 @@ class MoeRunner:
     >>> runner = MoeRunner(config, weights, backend="auto")   # doctest: +SKIP
     >>> out = runner(hidden_states, topk_ids, topk_weights)    # doctest: +SKIP
 
-    ``backend`` is ``"auto"``, a runner backend name (``"triton"``) or a name
+    ``backend`` is ``"auto"``, a runner backend name (``"triton"``), a name
     qualified by its distribution (``"moe-triton:triton"``) to choose between
-    two distributions that provide the same name.
+    two distributions that provide the same name, or a ``FusedOp`` subclass
+    itself (tests and experiments: no entry point needed).
 
     Expert ids (the contract in docs/design.md): a pair whose id is -1
     (``validation.UNASSIGNED``, "on another rank") contributes zero on every
@@ -48,7 +49,7 @@ class MoeRunner:
         self,
         config: MoeConfig,
         weights: MoeWeights,
-        backend: str = "auto",
+        backend: str | type = "auto",
         *,
         registry: PluginRegistry | None = None,
         check_expert_ids: bool | None = None,
@@ -59,7 +60,8 @@ class MoeRunner:
         self.config = config
         self.device = device
         self.problem = MoeProblem(config, device)
-        self._bind_first(candidates(self.problem, backend, registry), weights, backend == "auto")
+        fall_back = isinstance(backend, str) and backend == "auto"
+        self._bind_first(candidates(self.problem, backend, registry), weights, fall_back)
         op = self.selection.op
         # ids outside [0, E): the backend gives them zero itself, or the runner masks them before apply
         self._mask_ids = not op.handles_invalid_ids

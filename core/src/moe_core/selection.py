@@ -115,18 +115,41 @@ def _describe(problem: MoeProblem) -> str:
     )
 
 
-def select(problem: MoeProblem, backend: str = "auto", registry: PluginRegistry | None = None) -> Selection:
+def select(problem: MoeProblem, backend: str | type = "auto", registry: PluginRegistry | None = None) -> Selection:
     """Choose the fused op for ``problem``; raise a ``BackendError`` saying why not."""
     return candidates(problem, backend, registry)[0]
 
 
-def candidates(problem: MoeProblem, backend: str = "auto", registry: PluginRegistry | None = None) -> list[Selection]:
+def candidates(
+    problem: MoeProblem, backend: str | type = "auto", registry: PluginRegistry | None = None
+) -> list[Selection]:
     """The fused ops that may run ``problem``, best first: one for an explicit backend; for ``"auto"``
-    every supported one in priority order, so a runner whose first choice fails to bind can take the next."""
+    every supported one in priority order, so a runner whose first choice fails to bind can take the next.
+
+    ``backend`` may also be a ``FusedOp`` subclass itself (as xarray's engines accept a class): no
+    discovery, no entry point — for tests and experiments; its support check still runs through the door.
+    """
+    if isinstance(backend, type):
+        return [_select_class(problem, backend)]
     registry = registry or default_registry()
     if backend == "auto":
         return _auto_candidates(problem, registry)
     return [_select_explicit(problem, backend, registry)]
+
+
+def _select_class(problem: MoeProblem, op: type) -> Selection:
+    from moe_core.fused_op import FusedOp
+
+    if not issubclass(op, FusedOp):
+        raise BackendNotInstalledError(f"backend must be a name, 'auto' or a FusedOp subclass, got {op!r}")
+    entry = PluginEntry.direct(op)
+    try:
+        answer = guard.support(entry, "check", op.check, problem)
+    except PluginError as exc:
+        raise BackendUnavailableError(f"{op.__qualname__} failed its support check: {exc}") from exc
+    if not answer:
+        raise BackendUnavailableError(f"{op.__qualname__} cannot run this problem ({_describe(problem)}): {answer.reason}")
+    return Selection(op, entry)
 
 
 def resolve_backend(backend: str, registry: PluginRegistry | None = None):

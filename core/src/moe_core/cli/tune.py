@@ -41,9 +41,6 @@ def run(args) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise BackendUnavailableError("moe tune times kernels on a GPU, and no CUDA device is available here")
     result = resolve_backend(args.backend)
-    tune = getattr(result.fused_ops[0], "tune", None)
-    if tune is None:
-        raise BackendUnavailableError(f"backend {args.backend!r} has nothing to tune (its fused op has no 'tune')")
     try:
         tokens = [int(t) for t in args.tokens.split(",")]
     except ValueError:
@@ -51,12 +48,14 @@ def run(args) -> int:
     path = guard.call(
         result.entry,
         "tune",
-        tune,
+        result.fused_ops[0].tune,
         presets=args.preset or list(MODEL_PRESETS),
         scheme=args.scheme,
         tokens=tokens,
         output=Path(args.output) if args.output else None,
         device=args.device,
     )
+    if path is None:
+        raise BackendUnavailableError(f"backend {args.backend!r} has nothing to tune (FusedOp.tune returned None)")
     print(f"wrote {path}")
     return 0
