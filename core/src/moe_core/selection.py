@@ -148,7 +148,9 @@ def _select_class(problem: MoeProblem, op: type) -> Selection:
     except PluginError as exc:
         raise BackendUnavailableError(f"{op.__qualname__} failed its support check: {exc}") from exc
     if not answer:
-        raise BackendUnavailableError(f"{op.__qualname__} cannot run this problem ({_describe(problem)}): {answer.reason}")
+        raise BackendUnavailableError(
+            f"{op.__qualname__} cannot run this problem ({_describe(problem)}): {answer.reason}"
+        )
     return Selection(op, entry)
 
 
