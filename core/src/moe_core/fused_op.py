@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from moe_core.config import MoeProblem
+from moe_core.dtypes import dtype_label
 from moe_core.hookspecs import API_VERSION  # noqa: F401  (re-exported)
 from moe_core.weights import MoeWeights
 
@@ -42,7 +43,7 @@ class Support:
 
 
 def _names(values) -> str:
-    return ", ".join(sorted(str(v).replace("torch.", "") for v in values)) or "none"
+    return ", ".join(sorted(dtype_label(v) if isinstance(v, torch.dtype) else str(v) for v in values)) or "none"
 
 
 class FusedOp:
@@ -92,8 +93,7 @@ class FusedOp:
             return Support.no(f"activation {cfg.activation!r} not supported (supports: {_names(cls.activations)})")
         if cfg.dtype not in cls.activation_dtypes:
             return Support.no(
-                f"activation dtype {str(cfg.dtype).replace('torch.', '')} not supported "
-                f"(supports: {_names(cls.activation_dtypes)})"
+                f"activation dtype {dtype_label(cfg.dtype)} not supported (supports: {_names(cls.activation_dtypes)})"
             )
         if cfg.has_bias and not cls.supports_bias:
             return Support.no("expert biases (b13/b2) not supported")

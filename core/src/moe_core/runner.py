@@ -14,6 +14,7 @@ import torch
 
 from moe_core import guard
 from moe_core.config import MoeConfig, MoeProblem
+from moe_core.dtypes import dtype_label
 from moe_core.errors import BackendError, BackendUnavailableError, PluginError
 from moe_core.plugins import PluginRegistry
 from moe_core.requirements import env_flag
@@ -164,11 +165,11 @@ def _mismatch(result, out, m: int, config: MoeConfig, device: torch.device) -> s
     """What is wrong with ``apply``'s result (only called when something is)."""
     if out is not None:
         return f"apply was given out= and returned {_describe(result)} instead of that tensor"
-    wanted = f"[{m}, {config.hidden_size}] {str(config.dtype).replace('torch.', '')} tensor on {device}"
+    wanted = f"[{m}, {config.hidden_size}] {dtype_label(config.dtype)} tensor on {device}"
     return f"apply returned {_describe(result)}, expected a {wanted}"
 
 
 def _describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return f"a {type(t).__name__}"
-    return f"a {list(t.shape)} {str(t.dtype).replace('torch.', '')} tensor on {t.device}"
+    return f"a {list(t.shape)} {dtype_label(t.dtype)} tensor on {t.device}"

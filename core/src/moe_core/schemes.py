@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_core.dtypes import float_dtypes
+
 
 @dataclass(frozen=True)
 class SchemeSpec:
@@ -47,9 +49,7 @@ class SchemeSpec:
 SCHEMES: dict[str, SchemeSpec] = {
     s.name: s
     for s in (
-        SchemeSpec("fp32", torch.float32, fixed_activation_dtype=torch.float32),
-        SchemeSpec("bf16", torch.bfloat16, fixed_activation_dtype=torch.bfloat16),
-        SchemeSpec("fp16", torch.float16, fixed_activation_dtype=torch.float16),
+        *(SchemeSpec(name, dtype, fixed_activation_dtype=dtype) for name, dtype in float_dtypes().items()),
         # E2M1 pairs in a byte (low nibble = even index), UE8M0 scale per 32 along K.
         SchemeSpec("mxfp4", torch.uint8, pack=2, scale_dtype=torch.uint8, scale_block=(1, 32)),
         # E2M1 pairs in a byte, E4M3 scale per 16 along K, fp32 global scale per expert.

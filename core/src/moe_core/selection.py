@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from moe_core import guard
 from moe_core.config import MoeProblem
 from moe_core.discovery import PluginEntry
+from moe_core.dtypes import dtype_label
 from moe_core.errors import (
     BackendDisabledError,
     BackendNotInstalledError,
@@ -110,7 +111,7 @@ def _describe(problem: MoeProblem) -> str:
     c = problem.config
     return (
         f"E={c.num_experts} top_k={c.top_k} H={c.hidden_size} I={c.intermediate_size} "
-        f"scheme={c.quant_scheme} activation={c.activation} dtype={str(c.dtype).replace('torch.', '')} "
+        f"scheme={c.quant_scheme} activation={c.activation} dtype={dtype_label(c.dtype)} "
         f"bias={c.has_bias} a2a={c.a2a_backend} device={problem.device}"
     )
 

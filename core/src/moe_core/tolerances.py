@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from moe_core.dtypes import FLOAT_DTYPE_NAMES, short_name
+
 REL_L2: dict[str, float] = {
     "fp32": 1e-4,
     "fp16": 5e-3,
@@ -39,7 +41,6 @@ REL_L2: dict[str, float] = {
 
 #: quantized schemes that also quantize the activations (the rest are weight-only)
 ACTIVATION_QUANTIZED = frozenset({"fp8_block", "nvfp4"})
-_BY_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def tolerance(scheme: str, dtype: torch.dtype) -> float:
@@ -49,8 +50,8 @@ def tolerance(scheme: str, dtype: torch.dtype) -> float:
     activation dtype's row, since the dequantized weights are exact. Schemes
     that quantize activations: the larger of their row and the dtype's.
     """
-    own = REL_L2[_BY_DTYPE[dtype]]
-    if scheme in _BY_DTYPE.values():
+    own = REL_L2[short_name(dtype)]
+    if scheme in FLOAT_DTYPE_NAMES:
         return REL_L2[scheme]
     return max(own, REL_L2[scheme]) if scheme in ACTIVATION_QUANTIZED else own
 

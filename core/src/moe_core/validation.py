@@ -10,11 +10,8 @@ from __future__ import annotations
 import torch
 
 from moe_core.config import MoeConfig
+from moe_core.dtypes import dtype_label
 from moe_core.errors import InvalidInputError
-
-
-def _fmt(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def validate_forward(
@@ -33,7 +30,8 @@ def validate_forward(
     m = hidden_states.shape[0]
     if hidden_states.dtype != config.dtype:
         raise InvalidInputError(
-            f"hidden_states has dtype {_fmt(hidden_states.dtype)}, the layer computes in {_fmt(config.dtype)}"
+            f"hidden_states has dtype {dtype_label(hidden_states.dtype)}, "
+            f"the layer computes in {dtype_label(config.dtype)}"
         )
     expected = [m, config.top_k]
     if list(topk_ids.shape) != expected:
@@ -41,9 +39,13 @@ def validate_forward(
     if list(topk_weights.shape) != expected:
         raise InvalidInputError(f"topk_weights must be {expected} ([M, top_k]), got {list(topk_weights.shape)}")
     if topk_ids.dtype != torch.int32:
-        raise InvalidInputError(f"topk_ids must be int32, got {_fmt(topk_ids.dtype)} (convert with .to(torch.int32))")
+        raise InvalidInputError(
+            f"topk_ids must be int32, got {dtype_label(topk_ids.dtype)} (convert with .to(torch.int32))"
+        )
     if topk_weights.dtype != torch.float32:
-        raise InvalidInputError(f"topk_weights must be float32, got {_fmt(topk_weights.dtype)} (convert with .float())")
+        raise InvalidInputError(
+            f"topk_weights must be float32, got {dtype_label(topk_weights.dtype)} (convert with .float())"
+        )
     for name, t in (("hidden_states", hidden_states), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if t.device != device:
             raise InvalidInputError(f"{name} is on {t.device}, but the layer's weights are on {device}")
@@ -52,8 +54,8 @@ def validate_forward(
             raise InvalidInputError(f"out must be a torch.Tensor, got {type(out).__name__}")
         if out.shape != (m, config.hidden_size) or out.dtype != config.dtype or out.device != device:
             raise InvalidInputError(
-                f"out must be a [{m}, {config.hidden_size}] {_fmt(config.dtype)} tensor on {device}, got "
-                f"{list(out.shape)} {_fmt(out.dtype)} on {out.device}"
+                f"out must be a [{m}, {config.hidden_size}] {dtype_label(config.dtype)} tensor on {device}, got "
+                f"{list(out.shape)} {dtype_label(out.dtype)} on {out.device}"
             )
         if not out.is_contiguous():
             raise InvalidInputError("out must be contiguous")

@@ -7,9 +7,8 @@ import json
 import platform
 
 from moe_core.cli._console import stdout_console as _console
+from moe_core.dtypes import FLOAT_DTYPE_NAMES, float_dtype
 from moe_core.presets import MODEL_PRESETS, PRESETS, TOY_PRESETS
-
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def register(sub) -> None:
@@ -38,7 +37,7 @@ def register(sub) -> None:
         help="backend to time, repeatable (default: every installed backend that supports the problem)",
     )
     p.add_argument("--scheme", default=None, help="quant scheme (default: same as --dtype)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)")
+    p.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--repeat", type=int, default=20, help="timed samples per row; the median is reported")
     p.add_argument("--no-graph", action="store_true", help="time eager calls even where a CUDA graph would work")
@@ -81,7 +80,7 @@ def run(args) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise InvalidInputError("--plot needs matplotlib: pip install 'moe-core[plot]'") from None
-    dtype = getattr(torch, DTYPES[args.dtype])
+    dtype = float_dtype(args.dtype)
     console = Console(stderr=True)
     console.print(f"measuring {device} ceilings (copy bandwidth, matmul rate)...")
     ceilings = measure_ceilings(device)

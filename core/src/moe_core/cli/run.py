@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from moe_core.cli._console import stdout_console as _console
+from moe_core.dtypes import FLOAT_DTYPE_NAMES, float_dtype
 from moe_core.presets import PRESETS
 
-DTYPES = ("bf16", "fp16", "fp32")
 SCHEMES = ("bf16", "fp16", "fp32", "mxfp4", "nvfp4", "fp8_block")
 
 
@@ -34,7 +34,7 @@ def register(sub) -> None:
         help="expert biases b13/b2 (default: the preset's)",
     )
     p.add_argument("--tokens", "-m", type=int, default=16, help="tokens in the batch M (default 16)")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="activation dtype (default bf16)")
+    p.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--scheme", choices=SCHEMES, help="weight quant scheme (default: same as --dtype)")
     p.add_argument("--backend", default="auto", help="runner backend name, or 'auto' (default)")
     p.add_argument("--device", default=None, help="'cpu' or 'cuda[:N]' (default: cuda if available)")
@@ -46,12 +46,11 @@ def register(sub) -> None:
 
 
 def build_config(args):
-    import torch
 
     from moe_core.config import MoeConfig
 
     preset = PRESETS[args.preset]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dtype = float_dtype(args.dtype)
     return MoeConfig(
         num_experts=args.experts or preset.num_experts,
         top_k=args.top_k or preset.top_k,

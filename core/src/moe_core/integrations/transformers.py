@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from moe_core import routing
 from moe_core.activations import apply_activation
 from moe_core.config import MoeConfig
+from moe_core.dtypes import float_dtypes, short_name
 from moe_core.errors import InvalidInputError
 from moe_core.weights import MoeWeights, validate_weights
 
@@ -90,8 +91,6 @@ __all__ = [
     "from_mixtral",
     "from_qwen3_moe",
 ]
-
-_SCHEME_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class HFRouter:
@@ -184,11 +183,11 @@ def _first_attr(objs: Sequence, name: str, what: str, fallback: str | None = Non
 
 
 def _scheme(dtype: torch.dtype) -> str:
-    if dtype not in _SCHEME_OF_DTYPE:
+    if dtype not in float_dtypes().values():
         raise InvalidInputError(
-            f"dtype must be one of {', '.join(map(str, _SCHEME_OF_DTYPE))} (an unquantized scheme), got {dtype}"
+            f"dtype must be one of {', '.join(map(str, float_dtypes().values()))} (an unquantized scheme), got {dtype}"
         )
-    return _SCHEME_OF_DTYPE[dtype]
+    return short_name(dtype)
 
 
 def _copy(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from moe_core.config import ACTIVATIONS, MoeConfig, MoeProblem
+from moe_core.dtypes import FLOAT_DTYPE_NAMES, float_dtype, short_name
 from moe_core.errors import BackendError, InvalidInputError
 from moe_core.schemes import SCHEMES
 
-UNQUANTIZED = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 QUANTIZED = ("mxfp4", "nvfp4", "fp8_block")
 #: activation dtypes tried, in order, when a case leaves the dtype to the backend
 DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
@@ -28,7 +28,7 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
 
 def _short(dtype: torch.dtype | None) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", None: "any"}[dtype]
+    return "any" if dtype is None else short_name(dtype)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class CaseResult:
 
 
 def _dtypes(scheme: str) -> tuple[torch.dtype, ...]:
-    return (UNQUANTIZED[scheme],) if scheme in UNQUANTIZED else DTYPE_PREFERENCE
+    return (float_dtype(scheme),) if scheme in FLOAT_DTYPE_NAMES else DTYPE_PREFERENCE
 
 
 def all_cases() -> list[Case]:
