@@ -547,3 +547,10 @@ def test_cuda_matches_cpu_bit_for_bit():
     codes = torch.randint(0, 16, (1000,), dtype=U8)
     assert torch.equal(e2m1_to_float(codes.cuda()).cpu(), e2m1_to_float(codes))
     assert torch.equal(unpack_fp4(pack_fp4(codes.cuda())).cpu(), codes)
+
+
+def test_every_quantized_scheme_has_a_codec():
+    from moe_core.quant.weights import CODECS
+    from moe_core.schemes import SCHEMES
+
+    assert {name for name, spec in SCHEMES.items() if spec.quantized} == set(CODECS)

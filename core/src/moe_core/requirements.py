@@ -10,12 +10,12 @@ the accepted range.
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import os
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from moe_core.fused_op import Support
+from moe_core.settings import env_flag  # noqa: F401  (plugins read their switches with it)
 
 
 def distribution_version(name: str) -> Version | None:
@@ -40,6 +40,3 @@ def require_distribution(name: str, specifier: str = "", why: str = "") -> Suppo
     return Support.yes()
 
 
-def env_flag(name: str) -> bool:
-    """Whether environment variable ``name`` is set to a true value (1/true/yes/on)."""
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

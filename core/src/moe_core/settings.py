@@ -27,6 +27,11 @@ STRICT_VAR = "MOE_STRICT_PLUGINS"
 _TRUE = {"1", "true", "yes", "on"}
 
 
+def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether environment variable ``name`` is set to a true value (1/true/yes/on), read now."""
+    return (os.environ if environ is None else environ).get(name, "").strip().lower() in _TRUE
+
+
 def normalize_distribution(name: str) -> str:
     """PEP 503 normalisation, so ``Moe_Triton`` and ``moe-triton`` compare equal."""
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -57,7 +62,7 @@ class PluginFilters:
         return cls(
             allow=None if allow is None else _split(allow),
             block=_split(env.get(BLOCK_VAR, "")),
-            strict=env.get(STRICT_VAR, "").strip().lower() in _TRUE,
+            strict=env_flag(STRICT_VAR, env),
         )
 
     def disabled_reason(self, name: str, distribution: str) -> str | None:

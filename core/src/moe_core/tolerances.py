@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.dtypes import FLOAT_DTYPE_NAMES, short_name
+from moe_core.quant.act_quant import activation_fake_quant
 
 REL_L2: dict[str, float] = {
     "fp32": 1e-4,
@@ -37,10 +38,6 @@ REL_L2: dict[str, float] = {
     "fp8_block": 3e-2,
     "nvfp4": 1e-1,
 }
-
-
-#: quantized schemes that also quantize the activations (the rest are weight-only)
-ACTIVATION_QUANTIZED = frozenset({"fp8_block", "nvfp4"})
 
 
 def tolerance(scheme: str, dtype: torch.dtype) -> float:
@@ -53,7 +50,8 @@ def tolerance(scheme: str, dtype: torch.dtype) -> float:
     own = REL_L2[short_name(dtype)]
     if scheme in FLOAT_DTYPE_NAMES:
         return REL_L2[scheme]
-    return max(own, REL_L2[scheme]) if scheme in ACTIVATION_QUANTIZED else own
+    # schemes that also quantize the activations have a fake-quant round trip; the rest are weight-only
+    return max(own, REL_L2[scheme]) if activation_fake_quant(scheme) is not None else own
 
 
 def relative_l2(out: torch.Tensor, ref: torch.Tensor) -> float:

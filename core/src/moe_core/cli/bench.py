@@ -128,8 +128,10 @@ def run(args) -> int:
 def _versions() -> dict:
     import importlib.metadata as md
 
+    from moe_core.known_backends import FIRST_PARTY
+
     out = {}
-    for dist in ("moe-core", "moe-triton", "moe-flashinfer-mxfp4", "moe-cutlass-fp4", "triton", "flashinfer-python"):
+    for dist in (*sorted(set(FIRST_PARTY.values())), "triton", "flashinfer-python"):
         try:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:

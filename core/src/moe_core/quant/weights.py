@@ -8,6 +8,9 @@ torch reference backend and for error checks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from moe_core.errors import InvalidInputError
@@ -19,6 +22,37 @@ from moe_core.schemes import SchemeSpec, scheme_spec
 from moe_core.weights import MoeWeights
 
 _PROJECTIONS = ("w13", "w2")
+
+
+class _Codec(NamedTuple):
+    """A quantized scheme's element format: weights -> (codes, block scale, global scale or None) and back."""
+
+    quantize: Callable[[torch.Tensor, SchemeSpec], tuple]
+    dequantize: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, SchemeSpec, torch.dtype], torch.Tensor]
+
+
+def _needs_global_scale(q, scale, global_scale, spec, dtype):
+    if global_scale is None:
+        raise InvalidInputError(f"scheme {spec.name!r} needs a global scale")
+    return dequantize_nvfp4(q, scale, global_scale, dtype)
+
+
+#: scheme name -> its codec; every quantized scheme of ``moe_core.schemes.SCHEMES`` has one (tested)
+CODECS: dict[str, _Codec] = {
+    "mxfp4": _Codec(lambda w, spec: (*quantize_mxfp4(w), None), lambda q, s, g, spec, dt: dequantize_mxfp4(q, s, dt)),
+    "nvfp4": _Codec(lambda w, spec: quantize_nvfp4(w), _needs_global_scale),
+    "fp8_block": _Codec(
+        lambda w, spec: (*quantize_fp8_block(w, spec.scale_block), None),
+        lambda q, s, g, spec, dt: dequantize_fp8_block(q, s, spec.scale_block, dt),
+    ),
+}
+
+
+def _codec(spec: SchemeSpec) -> _Codec:
+    try:
+        return CODECS[spec.name]
+    except KeyError:  # a scheme added to SCHEMES without a codec here
+        raise InvalidInputError(f"no quantizer for scheme {spec.name!r}") from None
 
 
 def quantize_weights(weights: MoeWeights, scheme: str) -> MoeWeights:
@@ -44,15 +78,7 @@ def quantize_weights(weights: MoeWeights, scheme: str) -> MoeWeights:
     out = MoeWeights(w13=weights.w13, w2=weights.w2, b13=weights.b13, b2=weights.b2)
     for name in _PROJECTIONS:
         w = getattr(weights, name)
-        global_scale = None
-        if spec.name == "mxfp4":
-            q, scale = quantize_mxfp4(w)
-        elif spec.name == "nvfp4":
-            q, scale, global_scale = quantize_nvfp4(w)
-        elif spec.name == "fp8_block":
-            q, scale = quantize_fp8_block(w, spec.scale_block)
-        else:  # a scheme added to SCHEMES without a quantizer here
-            raise InvalidInputError(f"no quantizer for scheme {spec.name!r}")
+        q, scale, global_scale = _codec(spec).quantize(w, spec)
         setattr(out, name, q)
         setattr(out, f"{name}_scale", scale)
         setattr(out, f"{name}_global_scale", global_scale)
@@ -65,15 +91,7 @@ def _dequantize(spec: SchemeSpec, q, scale, global_scale, dtype: torch.dtype) ->
         return q.to(dtype)
     if scale is None:
         raise InvalidInputError(f"scheme {spec.name!r} needs a block scale")
-    if spec.name == "mxfp4":
-        return dequantize_mxfp4(q, scale, dtype)
-    if spec.name == "nvfp4":
-        if global_scale is None:
-            raise InvalidInputError("scheme 'nvfp4' needs a global scale")
-        return dequantize_nvfp4(q, scale, global_scale, dtype)
-    if spec.name == "fp8_block":
-        return dequantize_fp8_block(q, scale, spec.scale_block, dtype)
-    raise InvalidInputError(f"no dequantizer for scheme {spec.name!r}")
+    return _codec(spec).dequantize(q, scale, global_scale, spec, dtype)
 
 
 def dequantize_projection(weights: MoeWeights, scheme: str, projection: str, expert: int) -> torch.Tensor:

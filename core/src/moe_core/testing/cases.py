@@ -20,7 +20,6 @@ from moe_core.dtypes import FLOAT_DTYPE_NAMES, float_dtype, short_name
 from moe_core.errors import BackendError, InvalidInputError
 from moe_core.schemes import SCHEMES
 
-QUANTIZED = ("mxfp4", "nvfp4", "fp8_block")
 #: activation dtypes tried, in order, when a case leaves the dtype to the backend
 DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -305,7 +304,7 @@ class Conformance:
     def _run_bad_input(self, case: Case):
         op = self.fused_op()
         declined = []
-        for scheme in ("bf16", "fp16", "fp32", *QUANTIZED):
+        for scheme in SCHEMES:
             try:
                 cfg = self._supported_config(replace(case, scheme=scheme))
                 break
