@@ -18,19 +18,29 @@ import tempfile
 from pathlib import Path
 
 import nox
+import tomllib
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints" / "cpu.txt"))
+#: checks run inside a session's environment against what was installed there
+CHECKS = str(ROOT / "tests" / "installed" / "checks.py")
 
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
+
+def _plugins() -> dict[str, str]:
+    """Session name (the backend a plugin folder declares in ``moe.fused_ops``) -> plugin folder: read from
+    ``plugins/*/pyproject.toml``, so a new first-party plugin gets its session without an edit here."""
+    out = {}
+    for pyproject in sorted(ROOT.glob("plugins/*/pyproject.toml")):
+        backends = tomllib.loads(pyproject.read_text())["project"]["entry-points"]["moe.fused_ops"]
+        out["_".join(backends)] = str(pyproject.parent.relative_to(ROOT))
+    return out
+
+
 #: session name -> plugin folder
-PLUGINS = {
-    "triton": "plugins/triton-moe",
-    "flashinfer_mxfp4": "plugins/flashinfer-mxfp4",
-    "cutlass_fp4": "plugins/cutlass-fp4",
-}
+PLUGINS = _plugins()
 
 
 #: the out-of-tree example plugin, written as a third party would
@@ -123,34 +133,10 @@ def example_wheel(session: nox.Session) -> None:
     environment; then moe backends --check, moe check torch_grouped and its tests run against it.
     """
     _install_wheels(session, "core", EXAMPLE)
-    session.run("python", "-c", _FROM_WHEEL.format(package="moe_torch_grouped"))
+    session.run("python", CHECKS, "from-wheel", "moe_torch_grouped")
     session.run("moe", "backends", "--check")
     session.run("moe", "check", "torch_grouped")
     _pytest(session, f"{EXAMPLE}/tests")
-
-
-_FROM_WHEEL = """
-import sysconfig, {package} as pkg
-assert pkg.__file__.startswith(sysconfig.get_paths()["purelib"]), f"{{pkg.__file__}} is not the installed wheel"
-print("{package} imported from the installed wheel:", pkg.__file__)
-"""
-
-_SKELETON_LISTED = """
-import contextlib, io, json, sys
-from moe_core.cli import main
-
-def rows(*args):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["backends", "--json", *args]) == 0
-    return {{r["name"]: r for r in json.loads(buf.getvalue())}}
-
-row = rows()["{name}"]
-assert row["distribution"] == "moe-{dist}" and row["status"] == "discovered", row
-row = rows("--check")["{name}"]
-assert row["status"] == "unavailable" and "not implemented yet" in row["reason"], row
-print("moe backends lists {name}:", row["status"], "-", row["reason"])
-"""
 
 
 @nox.session
@@ -166,9 +152,9 @@ def new_plugin(session: nox.Session) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     session.run("moe", "new-plugin", "nox_skeleton", "--dir", str(folder))
     session.install(*CONSTRAINTS, _wheel(session, str(folder)))
-    session.run("python", "-c", _FROM_WHEEL.format(package="moe_nox_skeleton"))
+    session.run("python", CHECKS, "from-wheel", "moe_nox_skeleton")
     session.run("moe", "backends", "--check")
-    session.run("python", "-c", _SKELETON_LISTED.format(name="nox_skeleton", dist="nox-skeleton"))
+    session.run("python", CHECKS, "skeleton-listed", "nox_skeleton", "moe-nox-skeleton")
     output = _pytest(session, str(folder / "tests"), "-p", "no:cacheprovider", silent=True)
     print(output)
     if "its kernel is not implemented yet" not in output or "1 passed" not in output:
