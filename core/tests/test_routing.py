@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.routing import RoutingConfig, grouped_topk, route, sigmoid_top1, softmax_topk, topk_softmax
+from moe_core.routing import grouped_topk, sigmoid_top1, softmax_topk, topk_softmax
 
 
 def test_softmax_topk_hand_computed():
@@ -82,13 +82,8 @@ def test_llama4_sigmoid_top1():
     torch.testing.assert_close(w, torch.tensor([[1 / (1 + math.exp(-2.0))]]))
 
 
-def test_route_dispatch_and_errors():
+def test_router_errors():
     logits = torch.randn(3, 8)
-    for method, k in (("softmax_topk", 2), ("topk_softmax", 2), ("grouped_topk", 2), ("sigmoid_top1", 1)):
-        ids, w = route(logits, RoutingConfig(method=method, top_k=k))
-        assert ids.shape == (3, k) and w.shape == (3, k)
-    with pytest.raises(InvalidInputError, match="unknown routing method"):
-        route(logits, RoutingConfig(method="nope"))
     with pytest.raises(InvalidInputError, match="top_k=9"):
         softmax_topk(logits, 9)
     with pytest.raises(InvalidInputError, match="n_group=3 must divide"):

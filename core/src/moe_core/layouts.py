@@ -31,20 +31,6 @@ def swap_gate_up(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
     return torch.cat([up, gate], dim=dim).contiguous()
 
 
-def interleave_gate_up(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """``[gate; up]`` -> rows ``gate0, up0, gate1, up1, ...`` along ``dim``."""
-    half = _check(t, dim)
-    gate, up = t.split(half, dim=dim)
-    return torch.stack([gate, up], dim=dim + 1).flatten(dim, dim + 1).contiguous()
-
-
-def deinterleave_gate_up(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """Rows ``gate0, up0, gate1, up1, ...`` -> ``[gate; up]`` along ``dim``."""
-    half = _check(t, dim)
-    pairs = t.unflatten(dim, (half, 2))
-    return torch.cat([pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)], dim=dim).contiguous()
-
-
 # ---- 128x4 block-scale swizzle ------------------------------------------------
 #
 # NVIDIA's block-scaled tensor-core GEMMs (SM100+ ``tcgen05`` block-scaled MMA,

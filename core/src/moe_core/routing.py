@@ -18,8 +18,6 @@ arithmetic is float32 whatever the logits' dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from moe_core.errors import InvalidInputError
@@ -103,46 +101,3 @@ def sigmoid_top1(logits: torch.Tensor):
     """Llama 4: the best expert, weight ``sigmoid(logit)`` (apply it on the input)."""
     values, ids = _check(logits, 1).topk(1, dim=-1)
     return _out(ids, values.sigmoid())
-
-
-@dataclass(frozen=True)
-class RoutingConfig:
-    """A router as data, so a layer description can carry it.
-
-    ``method`` is one of ``softmax_topk``, ``topk_softmax``, ``grouped_topk``,
-    ``sigmoid_top1``; the other fields are that function's arguments.
-    """
-
-    method: str = "softmax_topk"
-    top_k: int = 2
-    renormalize: bool = True
-    n_group: int = 1
-    topk_group: int = 1
-    scoring: str = "sigmoid"
-    routed_scaling_factor: float = 1.0
-
-
-def route(logits: torch.Tensor, config: RoutingConfig, correction_bias: torch.Tensor | None = None):
-    """Apply the router described by ``config`` to ``logits``."""
-    if config.method == "softmax_topk":
-        return softmax_topk(logits, config.top_k, config.renormalize)
-    if config.method == "topk_softmax":
-        return topk_softmax(logits, config.top_k)
-    if config.method == "grouped_topk":
-        return grouped_topk(
-            logits,
-            config.top_k,
-            n_group=config.n_group,
-            topk_group=config.topk_group,
-            correction_bias=correction_bias,
-            scoring=config.scoring,
-            renormalize=config.renormalize,
-            routed_scaling_factor=config.routed_scaling_factor,
-        )
-    if config.method == "sigmoid_top1":
-        if config.top_k != 1:
-            raise InvalidInputError("sigmoid_top1 routes to exactly one expert (top_k=1)")
-        return sigmoid_top1(logits)
-    raise InvalidInputError(
-        f"unknown routing method {config.method!r}; known: softmax_topk, topk_softmax, grouped_topk, sigmoid_top1"
-    )
