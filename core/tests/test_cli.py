@@ -146,9 +146,17 @@ def test_bench_json_and_output_file(capsys, tmp_path):
     assert doc["device"] == "cpu" and doc["torch"]
 
 
-def test_bench_bad_tokens(capsys):
-    code, _, err = run_cli(capsys, "bench", "--tokens", "1,x")
-    assert code == 2 and "comma-separated integers" in err
+@pytest.mark.parametrize("command", ["run", "bench", "tune"])
+def test_tokens_is_the_same_option_everywhere(capsys, command):
+    with pytest.raises(SystemExit) as info:
+        main([command, *(["torch"] if command == "tune" else []), "--tokens", "1,x"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--tokens" in err and "comma-separated integers" in err
+
+
+def test_run_takes_one_token_count(capsys):
+    code, _, err = run_cli(capsys, "run", "--tokens", "1,8")
+    assert code == 2 and "one token count" in err
 
 
 def test_preset_config_carries_the_whole_shape():
@@ -160,3 +168,20 @@ def test_preset_config_carries_the_whole_shape():
     assert (cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size) == (128, 4, 2880, 2880)
     assert cfg.activation == "swiglu_oai" and cfg.has_bias and cfg.quant_scheme == "mxfp4"
     assert cfg.dtype == torch.bfloat16
+
+
+def test_plugin_options_match_their_environment_variables(site, capsys, monkeypatch):
+    site.add("moe-one", "one")
+    site.add("moe-broken", "broken", source="raise RuntimeError('broken on purpose')\n")
+
+    def statuses(*options):
+        code, out, _ = run_cli(capsys, *options, "backends", "--check", "--json")
+        return code, {r["name"]: r["status"] for r in json.loads(out)}
+
+    code, rows = statuses("--disable-plugins", "one")
+    assert code == 0 and rows["one"] == "disabled" and rows["broken"] == "error"
+    code, rows = statuses("--plugins", "one")
+    assert rows["one"] == "available" and rows["broken"] == "disabled" and rows["torch"] == "available"
+    code, rows = statuses("--strict-plugins")
+    assert code == 1
+    assert "MOE_STRICT_PLUGINS" not in __import__("os").environ  # the option held for that command only

@@ -38,5 +38,3 @@ def require_distribution(name: str, specifier: str = "", why: str = "") -> Suppo
     if specifier and not SpecifierSet(specifier).contains(version, prereleases=True):
         return Support.no(f"{name} {version} is installed, but this backend supports {name}{specifier}{purpose}")
     return Support.yes()
-
-

@@ -8,7 +8,9 @@ module imports torch (or anything heavy) only inside its handler, so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 #: subcommands, in the order ``moe --help`` lists them; each lives in the module
@@ -24,9 +26,23 @@ def build_parser() -> argparse.ArgumentParser:
             "Backends are plugins found through the entry-point group 'moe.fused_ops'."
         ),
         epilog=(
-            "Environment: MOE_PLUGINS (allow-list, empty = only core's torch backend), "
-            "MOE_DISABLE_PLUGINS (block-list), MOE_STRICT_PLUGINS=1 (plugin load failures are fatal)."
+            "Each plugin option has an environment variable that means the same: MOE_PLUGINS, "
+            "MOE_DISABLE_PLUGINS, MOE_STRICT_PLUGINS=1 (the option wins for this command)."
         ),
+    )
+    plugins = parser.add_argument_group("plugins (before the command: moe --plugins triton run ...)")
+    plugins.add_argument(
+        "--plugins",
+        metavar="A,B",
+        help="allow-list of backend or distribution names; '' = no plugin but moe-core's own (MOE_PLUGINS)",
+    )
+    plugins.add_argument(
+        "--disable-plugins", metavar="A,B", help="block-list of backend or distribution names (MOE_DISABLE_PLUGINS)"
+    )
+    plugins.add_argument(
+        "--strict-plugins",
+        action="store_true",
+        help="a plugin that fails to load or raises is an error, not a warning (MOE_STRICT_PLUGINS=1)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -39,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with _plugin_environment(args):
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -50,6 +67,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"moe {args.command}: error: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+@contextlib.contextmanager
+def _plugin_environment(args):
+    """The plugin options as their environment variables (read at each use) for this command only."""
+    from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
+
+    wanted = {
+        ALLOW_VAR: args.plugins,
+        BLOCK_VAR: args.disable_plugins,
+        STRICT_VAR: "1" if args.strict_plugins else None,
+    }
+    saved = {var: os.environ.get(var) for var in wanted}
+    os.environ.update({var: value for var, value in wanted.items() if value is not None})
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,8 @@ import json
 import platform
 
 from moe_core.cli._console import stdout_console as _console
-from moe_core.dtypes import FLOAT_DTYPE_NAMES, float_dtype
+from moe_core.cli._options import add_device, add_dtype, add_tokens, resolve_device, token_counts
+from moe_core.dtypes import float_dtype
 from moe_core.presets import MODEL_PRESETS, PRESETS, TOY_PRESETS
 
 
@@ -30,15 +31,15 @@ def register(sub) -> None:
         choices=sorted(PRESETS),
         help="shape preset, repeatable (default: the four model presets on GPU, tiny+small on CPU)",
     )
-    p.add_argument("--tokens", help="comma-separated token counts (default: 1,8,64,512,4096 on GPU; 1,16,64 on CPU)")
+    add_tokens(p, None, "comma-separated token counts (default: 1,8,64,512,4096 on GPU; 1,16,64 on CPU)")
     p.add_argument(
         "--backend",
         action="append",
         help="backend to time, repeatable (default: every installed backend that supports the problem)",
     )
     p.add_argument("--scheme", default=None, help="quant scheme (default: same as --dtype)")
-    p.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bf16", help="activation dtype (default bf16)")
-    p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if available)")
+    add_dtype(p)
+    add_device(p)
     p.add_argument("--repeat", type=int, default=20, help="timed samples per row; the median is reported")
     p.add_argument("--no-graph", action="store_true", help="time eager calls even where a CUDA graph would work")
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
@@ -66,13 +67,10 @@ def run(args) -> int:
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_weights
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args)
     on_gpu = device.type == "cuda"
     presets = args.preset or list(MODEL_PRESETS if on_gpu else TOY_PRESETS)
-    try:
-        tokens = [int(t) for t in (args.tokens or ("1,8,64,512,4096" if on_gpu else "1,16,64")).split(",")]
-    except ValueError:
-        raise InvalidInputError(f"--tokens must be comma-separated integers, got {args.tokens!r}") from None
+    tokens = args.tokens or token_counts("1,8,64,512,4096" if on_gpu else "1,16,64")
     if any(t < 1 for t in tokens) or args.repeat < 1:
         raise InvalidInputError("--tokens values and --repeat must be >= 1")
     if args.plot:

@@ -8,6 +8,7 @@ import sys
 import time
 
 from moe_core.cli._console import stdout_console as _console
+from moe_core.cli._options import add_device
 
 
 def register(sub) -> None:
@@ -21,7 +22,7 @@ def register(sub) -> None:
         ),
     )
     p.add_argument("backend", help="runner backend name (or distribution:name)")
-    p.add_argument("--device", help="device to test on (default: cuda if available, else cpu)")
+    add_device(p)
     p.add_argument("-k", "--filter", default="", help="only cases whose 'kind[id]' contains this text")
     p.add_argument("--hidden", type=int, default=256, help="hidden size H of the test layer (default 256)")
     p.add_argument("--intermediate", type=int, default=128, help="intermediate size I (default 128)")

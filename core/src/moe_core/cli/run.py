@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from moe_core.cli._console import stdout_console as _console
-from moe_core.dtypes import FLOAT_DTYPE_NAMES, float_dtype
+from moe_core.cli._options import add_device, add_dtype, add_tokens, resolve_device
+from moe_core.dtypes import float_dtype
 from moe_core.presets import PRESETS
 
 
@@ -31,13 +32,13 @@ def register(sub) -> None:
         default=None,
         help="expert biases b13/b2 (default: the preset's)",
     )
-    p.add_argument("--tokens", "-m", type=int, default=16, help="tokens in the batch M (default 16)")
-    p.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bf16", help="activation dtype (default bf16)")
+    add_tokens(p, "16", "tokens in the batch M, one count (default 16)")
+    add_dtype(p)
     p.add_argument(
         "--scheme", help="weight quant scheme of moe_core.schemes (default: same as --dtype; a wrong name lists them)"
     )
     p.add_argument("--backend", default="auto", help="runner backend name, or 'auto' (default)")
-    p.add_argument("--device", default=None, help="'cpu' or 'cuda[:N]' (default: cuda if available)")
+    add_device(p)
     p.add_argument("--repeat", type=int, default=5, help="timed repetitions; the median is reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verify", action="store_true", help="compare with the float64 reference")
@@ -64,20 +65,20 @@ def build_config(args):
 
 
 def run(args) -> int:
-    import torch
 
     from moe_core.bench import time_forward
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_inputs, random_weights
 
-    if args.tokens < 0 or args.repeat < 1:
-        raise InvalidInputError("--tokens must be >= 0 and --repeat >= 1")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if len(args.tokens) != 1 or args.repeat < 1:
+        raise InvalidInputError("moe run takes one token count (--tokens 16) and --repeat >= 1")
+    (tokens,) = args.tokens
+    device = resolve_device(args)
     config = build_config(args)
     weights = random_weights(config, device, seed=args.seed)
     runner = MoeRunner(config, weights, backend=args.backend)
-    x, ids, tw = random_inputs(config, args.tokens, device, seed=args.seed + 1)
+    x, ids, tw = random_inputs(config, tokens, device, seed=args.seed + 1)
     out = runner(x, ids, tw)
     us, _ = time_forward(lambda: runner(x, ids, tw), device, repeat=args.repeat, use_graph=False)
     ms = us / 1e3
@@ -93,7 +94,7 @@ def run(args) -> int:
         "activation": config.activation,
         "bias": config.has_bias,
         "dtype": args.dtype,
-        "tokens": args.tokens,
+        "tokens": tokens,
         "checksum": float(out.double().sum()),
         "time_ms": ms,
     }

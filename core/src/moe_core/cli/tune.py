@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moe_core.cli._options import add_device, add_tokens, resolve_device
 from moe_core.presets import MODEL_PRESETS, PRESETS
 
 
@@ -23,37 +24,35 @@ def register(sub) -> None:
         help="preset, repeatable (default: the four model presets)",
     )
     p.add_argument("--scheme", default="bf16", help="quant scheme to tune (default bf16)")
-    p.add_argument("--tokens", default="1,8,64,512,4096", help="comma-separated token counts")
+    add_tokens(p, "1,8,64,512,4096", "comma-separated token counts (default 1,8,64,512,4096)")
     p.add_argument("--output", "-o", help="table file to write/merge (default: the backend's packaged table)")
-    p.add_argument("--device", default="cuda", help="device (default cuda)")
+    add_device(p)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from pathlib import Path
 
-    import torch
-
     from moe_core import guard
-    from moe_core.errors import BackendUnavailableError, InvalidInputError
+    from moe_core.errors import BackendUnavailableError
     from moe_core.selection import resolve_backend
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise BackendUnavailableError("moe tune times kernels on a GPU, and no CUDA device is available here")
+    device = resolve_device(args)
+    if args.device is None and device.type != "cuda":
+        raise BackendUnavailableError(
+            "moe tune times kernels on a GPU, and no CUDA device is available here "
+            "(--device cpu asks the backend to tune on the CPU)"
+        )
     result = resolve_backend(args.backend)
-    try:
-        tokens = [int(t) for t in args.tokens.split(",")]
-    except ValueError:
-        raise InvalidInputError(f"--tokens must be comma-separated integers, got {args.tokens!r}") from None
     path = guard.call(
         result.entry,
         "tune",
         result.fused_ops[0].tune,
         presets=args.preset or list(MODEL_PRESETS),
         scheme=args.scheme,
-        tokens=tokens,
+        tokens=args.tokens,
         output=Path(args.output) if args.output else None,
-        device=args.device,
+        device=str(device),
     )
     if path is None:
         raise BackendUnavailableError(f"backend {args.backend!r} has nothing to tune (FusedOp.tune returned None)")
