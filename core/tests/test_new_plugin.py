@@ -127,7 +127,7 @@ def test_writes_the_skeleton(tmp_path, capsys):
         "README.md",
         "pyproject.toml",
         "src/moe_my_kernels/__init__.py",
-        "src/moe_my_kernels/ops.py",
+        "src/moe_my_kernels/fused_op.py",
         "src/moe_my_kernels/plugin.py",
         "tests/test_conformance.py",
     ]
@@ -139,7 +139,7 @@ def test_writes_the_skeleton(tmp_path, capsys):
     assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
     for path in folder.rglob("*.py"):
         ast.parse(path.read_text(), filename=str(path))
-    ops = (folder / "src/moe_my_kernels/ops.py").read_text()
+    ops = (folder / "src/moe_my_kernels/fused_op.py").read_text()
     assert 'name = "my_kernels"' in ops and "class MyKernelsFusedOp(FusedOp)" in ops
     assert "class TestMyKernelsFusedOp(BackendConformance)" in (folder / "tests/test_conformance.py").read_text()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keyword
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from string import Template
 
@@ -117,15 +118,19 @@ def render(names: PluginNames) -> dict[str, str]:
         "api_version": str(API_VERSION),
     }
     pkg = f"src/{names.package}"
-    files = {
-        "pyproject.toml": _PYPROJECT,
-        "README.md": _README,
-        f"{pkg}/__init__.py": _INIT,
-        f"{pkg}/plugin.py": _PLUGIN,
-        f"{pkg}/ops.py": _OPS,
-        "tests/test_conformance.py": _TESTS,
+    where = {
+        "pyproject.toml": "pyproject.toml",
+        "README.md": "README.md",
+        "__init__.py": f"{pkg}/__init__.py",
+        "plugin.py": f"{pkg}/plugin.py",
+        "fused_op.py": f"{pkg}/fused_op.py",
+        "test_conformance.py": "tests/test_conformance.py",
     }
-    return {path: Template(text).substitute(values) for path, text in files.items()}
+    templates = resources.files("moe_core.cli") / "skeleton"
+    return {
+        path: Template((templates / f"{name}.tmpl").read_text(encoding="utf-8")).substitute(values)
+        for name, path in where.items()
+    }
 
 
 def write_plugin(
@@ -204,215 +209,3 @@ def _display(path: Path) -> str:
         return f"./{resolved.relative_to(Path.cwd().resolve()).as_posix()}"
     except ValueError:
         return str(resolved)
-
-
-# ---- the skeleton (string.Template: $name / ${name} are substituted) --------------
-
-_PYPROJECT = """\
-[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "${distribution}"
-version = "0.1.0"
-description = "moe runner backend ${backend} (skeleton made by moe new-plugin)"
-readme = "README.md"
-requires-python = ">=3.10"
-dependencies = ["${core_requirement}"]
-
-[project.optional-dependencies]
-test = ["pytest>=8"]
-
-# The entry point is the whole registration: its name is the runner backend
-# name, its target the module holding the pluggy hook implementations.
-[project.entry-points."moe.fused_ops"]
-${backend} = "${package}.plugin"
-
-[tool.setuptools.packages.find]
-where = ["src"]
-
-[tool.pytest.ini_options]
-testpaths = ["tests"]
-"""
-
-_INIT = '''\
-"""${distribution}: the ``${backend}`` runner backend for moe-core.
-
-Keep this module light: moe-core imports ``${package}.plugin`` (and so this
-package) only when the backend is needed, and ``moe backends`` imports nothing.
-"""
-
-__version__ = "0.1.0"
-'''
-
-_PLUGIN = '''\
-"""Entry point of the ``${backend}`` backend (group ``moe.fused_ops``).
-
-moe-core imports this module when a runner or ``moe backends --check`` needs the
-backend, registers it with its pluggy plugin manager and calls the two hooks.
-"""
-
-from __future__ import annotations
-
-from moe_core import hookimpl
-
-#: the moe-core plugin API major version this plugin is written against; a
-#: literal, so a moe-core with another major version refuses it with a message
-PLUGIN_API_VERSION = ${api_version}
-
-
-@hookimpl
-def moe_api_version() -> int:
-    return PLUGIN_API_VERSION
-
-
-@hookimpl
-def moe_fused_ops() -> list:
-    # imported here, so loading the plugin stays cheap until its ops are needed
-    from ${package}.ops import ${class_name}
-
-    return [${class_name}]
-'''
-
-_OPS = '''\
-"""The ``${backend}`` fused op (a skeleton made by ``moe new-plugin``).
-
-Fill in, in this order:
-
-1. the class attributes: what the kernel supports. moe-core's ``FusedOp.check``
-   compares them with each problem and declines with a reason;
-2. ``probe``: checks of your own (library installed, version range) -- cheap,
-   read package metadata, do not import kernels;
-3. ``prepare``: canonical weights (``w13`` [E, 2I, H] rows [gate; up], ``w2``
-   [E, H, I]) into your kernel's layout, once;
-4. ``apply``: the forward, into ``out`` when given;
-5. set ``IMPLEMENTED = True`` and run the conformance suite (``pytest tests``,
-   ``moe check ${backend}``).
-
-Until then the support check fails closed: no runner selects this backend and
-``moe backends --check`` lists it as unavailable with ``NOT_IMPLEMENTED``.
-"""
-
-from __future__ import annotations
-
-from typing import Any, ClassVar
-
-import torch
-
-from moe_core import FusedOp, MoeProblem, MoeWeights, Support
-
-#: flip once ``apply`` computes the real thing and the conformance suite passes
-IMPLEMENTED = False
-NOT_IMPLEMENTED = (
-    "${backend} is a skeleton made by 'moe new-plugin': its kernel is not implemented yet "
-    "(implement ${package}/ops.py, then set IMPLEMENTED = True)"
-)
-
-
-class ${class_name}(FusedOp):
-    #: the runner backend name: must equal the entry-point name in pyproject.toml
-    name = "${backend}"
-    a2a_backends = ("none",)
-    #: backend="auto" picks the highest priority whose check passes (moe-core's torch is 0)
-    priority = 1
-    quant_schemes: ClassVar[frozenset[str]] = frozenset({"bf16"})
-    activations: ClassVar[frozenset[str]] = frozenset({"silu"})
-    activation_dtypes = frozenset({torch.bfloat16})
-    device_types = frozenset({"cuda"})
-    #: e.g. frozenset({(9, 0), (10, 0)}); None = any
-    compute_capabilities = None
-    supports_bias = False
-    supports_router_weight_on_input = False
-    size_alignment = 1
-
-    @classmethod
-    def check(cls, problem: MoeProblem) -> Support:
-        if not IMPLEMENTED:
-            return Support.no(NOT_IMPLEMENTED)
-        return super().check(problem)
-
-    @classmethod
-    def available(cls) -> Support:
-        if not IMPLEMENTED:
-            return Support.no(NOT_IMPLEMENTED)
-        return super().available()
-
-    @classmethod
-    def probe(cls, problem: MoeProblem | None) -> Support:
-        # e.g. importlib.metadata.version("my-kernel-lib") in a supported range
-        return Support.yes()
-
-    def prepare(self, weights: MoeWeights) -> Any:
-        return weights
-
-    def apply(
-        self,
-        hidden_states: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        prepared: Any,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        raise NotImplementedError(NOT_IMPLEMENTED)
-'''
-
-_TESTS = '''\
-"""${backend} against moe-core's conformance suite.
-
-Every case (schemes, dtypes, activations, shapes, out buffers, determinism,
-bad inputs) comes from moe-core; a case the support check declines is skipped
-with its reason, a case it accepts and gets wrong fails.
-"""
-
-import re
-
-from moe_core import PluginRegistry
-from moe_core.testing.conformance import BackendConformance
-
-
-class Test${class_name}(BackendConformance):
-    backend = "${backend}"
-
-
-def test_registered_through_its_entry_point():
-    registry = PluginRegistry()
-    entries = [e for e in registry.entries() if e.name == "${backend}"]
-    assert entries, "no 'moe.fused_ops' entry point named ${backend}: is the package installed (pip install -e .)?"
-    assert [re.sub(r"[-_.]+", "-", e.distribution).lower() for e in entries] == ["${distribution}".lower()]
-    result = registry.load(entries[0], strict=False)
-    assert result.ok, result.reason
-'''
-
-_README = """\
-# ${distribution}
-
-The `${backend}` runner backend for [moe-core](https://pypi.org/project/moe-core/),
-made by `moe new-plugin ${backend}`.
-
-| | |
-|---|---|
-| distribution / package | `${distribution}` / `${package}` |
-| entry point | `${backend} = "${package}.plugin"` in group `moe.fused_ops` |
-| fused op | `${package}.ops.${class_name}` |
-
-## Status
-
-A skeleton: the support check fails closed with a not-implemented reason, so
-`moe backends --check` lists `${backend}` as *unavailable*, `backend="auto"`
-never picks it, `backend="${backend}"` raises an error with the reason, and the
-conformance tests skip.
-
-## Develop
-
-```bash
-pip install -e '.[test]'
-moe backends --check          # ${backend}  ${distribution}  0.1.0  unavailable  ...not implemented yet...
-pytest                        # conformance cases (skipped until implemented)
-```
-
-Then, in `src/${package}/ops.py`: declare what the kernel supports, add
-machine checks to `probe`, convert the canonical weights in `prepare`,
-implement `apply`, set `IMPLEMENTED = True`, and run `pytest` and
-`moe check ${backend}` (the same cases, on this machine, as a table).
-"""
