@@ -102,3 +102,61 @@ def test_programmatic_dependent_launch_matches_plain_launches(monkeypatch, schem
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, plain)
+
+
+# expert ids outside [0, E) on a qwen3-30b-a3b-like layer (E=128, k=8): M=8 aligns in one program, M=4096 in two
+QWEN3_CASES = [
+    (s, a, m) for s, a in (("bf16", "silu"), ("fp8_block", "silu"), ("mxfp4", "swiglu_oai")) for m in (8, 4096)
+]
+
+
+def _qwen3_like(scheme, activation, m):
+    """(runner without the id check, weights, inputs, ids with -1 / E / 10**6 in some pairs, every slot of
+    every 11th token among them)."""
+    cfg = MoeConfig(128, 8, 2048, 768, quant_scheme=scheme, activation=activation, has_bias=scheme == "mxfp4",
+                    dtype=torch.bfloat16)  # fmt: skip
+    weights = random_weights(cfg, "cuda")
+    runner = MoeRunner(cfg, weights, backend="triton", check_expert_ids=False)
+    x, ids, tw = random_inputs(cfg, m, "cuda")
+    bad = ids.clone()
+    bad[::3, 0] = -1
+    bad[1::5, 7] = 128
+    bad[2::7, 3] = 10**6
+    bad[4::11] = -1
+    return runner, weights, (x, bad, tw)
+
+
+@pytest.mark.parametrize("scheme,activation,m", QWEN3_CASES)
+def test_invalid_expert_ids_contribute_zero(scheme, activation, m):
+    from moe_core.reference import reference_for
+    from moe_core.tolerances import relative_l2, tolerance
+
+    runner, weights, (x, bad, tw) = _qwen3_like(scheme, activation, m)
+    out = runner(x, bad, tw)
+    assert torch.isfinite(out).all()
+    valid = (bad >= 0) & (bad < 128)
+    dropped = reference_for(runner.config, weights, x, torch.where(valid, bad, 0), torch.where(valid, tw, 0.0))
+    assert relative_l2(out, dropped) <= tolerance(scheme, torch.bfloat16)
+    assert not out[4::11].any()
+    assert not runner(x, torch.full_like(bad, -1), tw).any()
+
+
+@pytest.mark.parametrize("scheme,activation,m", QWEN3_CASES)
+def test_cuda_graph_replay_with_invalid_expert_ids(scheme, activation, m):
+    runner, _, (x, bad, tw) = _qwen3_like(scheme, activation, m)
+    eager = runner(x, bad, tw).clone()
+    graph, out = _captured(runner, x, bad, tw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    flipped = torch.flip(bad, dims=[0])
+    flipped[:, 1] = 10**6  # other invalid pairs written into the captured buffer
+    expected = runner(x, flipped, tw).clone()
+    bad.copy_(flipped)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.isfinite(out).all()
+    bad.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not out.any()

@@ -78,7 +78,7 @@ def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, 
     padded = [-(-c // block_m) * block_m for c in counts]
     starts = [sum(padded[:e]) for e in range(num_experts)]
     total = sum(padded)
-    assert offsets.tolist() == [*starts, total]
+    assert offsets.tolist() == [*starts, total, total]  # the null segment (ids outside [0, E)) is empty
     assert block_expert.numel() == max_blocks(m * top_k, num_experts, block_m) >= total // block_m
     for e in range(num_experts):
         seg = sorted_ids[starts[e] : starts[e] + padded[e]].tolist()
@@ -88,7 +88,7 @@ def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, 
         for b in range(starts[e] // block_m, (starts[e] + padded[e]) // block_m):
             assert block_expert[b].item() == e
     assert all(x == m * top_k for x in sorted_ids[total:].tolist())
-    assert all(x == num_experts for x in block_expert[total // block_m :].tolist())
+    assert all(x == num_experts + 1 for x in block_expert[total // block_m :].tolist())
 
 
 def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ class TritonFusedOp(FusedOp):
     device_types = frozenset({"cuda", "cpu"})
     supports_bias = True
     supports_router_weight_on_input = True
+    handles_invalid_ids = True  # align puts ids outside [0, E) in a null segment: no weight read, zero output
 
     @classmethod
     def _device_present(cls) -> Support:

@@ -1,17 +1,24 @@
 """Token alignment: the expert-sorted, block-padded index the GEMMs walk.
 
 Two launches, no host synchronisation (so a forward can be captured in a CUDA
-graph), sizes bounded statically: at most ``min(E, M*k) + ceil(M*k / BLOCK_M)``
-blocks are used (each non-empty expert wastes less than one block), so a
+graph), sizes bounded statically: at most ``min(E + 1, M*k) + ceil(M*k / BLOCK_M)``
+blocks are used (each non-empty segment wastes less than one block), so a
 decode step launches a handful of programs, not one per possible expert.
 
-1. ``_plan`` (one program): histogram of expert ids, padded segment offsets
-   (each expert's pairs padded to a multiple of BLOCK_M), the number of used
-   padded rows, the expert of every block, the padding sentinel everywhere,
-   zeroed per-expert cursors and, optionally, a caller's int32 buffer (the
+Segments: one per expert ``0..E-1``, then the *null segment* ``E``, which holds
+every pair whose id lies outside ``[0, E)`` (-1 is "expert on another rank"
+under expert parallelism; any other such id is a caller's error that must not
+read out of bounds). Its blocks have expert ``E``: GEMM1 skips them and GEMM2
+writes zeros for their pairs, so these pairs contribute exactly zero and read
+no weights, without an extra launch or a per-forward memset of the output.
+
+1. ``_plan`` (one program): histogram of segment ids, padded segment offsets
+   (each segment's pairs padded to a multiple of BLOCK_M), the number of used
+   padded rows, the segment of every block, the padding sentinel everywhere,
+   zeroed per-segment cursors and, optionally, a caller's int32 buffer (the
    split-K arrival counters of both GEMMs: zeroing them here costs no extra launch).
 2. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
-   claims the next row of its expert's segment with an atomic increment.
+   claims the next row of its segment with an atomic increment.
 
 Rows of one expert land in an arbitrary order, which changes nothing in the
 result: every GEMM row is computed independently of the other rows of its
@@ -28,11 +35,17 @@ from moe_triton.kernels.operands import _pdl_start
 
 
 @triton.jit
+def _segment(ids, E: tl.constexpr):
+    """Segment of each expert id: the id itself inside ``[0, E)``, else the null segment ``E``."""
+    return tl.where((ids >= 0) & (ids < E), ids, E)
+
+
+@triton.jit
 def _plan(
     ids_ptr,
-    offsets_ptr,  # [E + 1] int32: start row of each expert's padded segment, then the total
-    cursor_ptr,  # [E] int32: zeroed here, used by _scatter
-    block_expert_ptr,  # [max_blocks] int32: expert of each BLOCK_M block (E for unused blocks)
+    offsets_ptr,  # [E + 2] int32: start row of each segment (experts, then the null one), then the total
+    cursor_ptr,  # [E + 1] int32: zeroed here, used by _scatter
+    block_expert_ptr,  # [max_blocks] int32: segment of each BLOCK_M block (E + 1 for unused blocks)
     sorted_ptr,  # [max_rows] int32: filled with the sentinel num_pairs
     zero_ptr,  # [num_zero] int32: zeroed here (the GEMMs' split-K arrival counters)
     num_pairs,
@@ -40,7 +53,7 @@ def _plan(
     max_blocks,
     num_zero,
     E: tl.constexpr,
-    E_POW2: tl.constexpr,
+    E_POW2: tl.constexpr,  # a power of two >= E + 2: bin E_POW2 - 1 lies past the null segment
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
     PAIR_CHUNK: tl.constexpr,  # pairs per histogram step: [PAIR_CHUNK, E_POW2] compares
@@ -52,22 +65,23 @@ def _plan(
     counts = tl.zeros((E_POW2,), dtype=tl.int32)
     for start in range(0, num_pairs, PAIR_CHUNK):
         offs = start + tl.arange(0, PAIR_CHUNK)
-        # pairs past the end go to bin E_POW2-1 >= E, which no real expert uses
-        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=E_POW2 - 1)
-        counts += tl.histogram(ids, E_POW2)
-    padded = tl.where(experts < E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+        mask = offs < num_pairs
+        ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
+        # pairs past the end go to bin E_POW2 - 1 > E, which no segment uses
+        counts += tl.histogram(tl.where(mask, ids, E_POW2 - 1), E_POW2)
+    padded = tl.where(experts <= E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
-    tl.store(offsets_ptr + experts, starts, mask=experts < E)
+    tl.store(offsets_ptr + experts, starts, mask=experts <= E)
     total = tl.sum(padded, 0)
-    tl.store(offsets_ptr + E, total)
-    tl.store(cursor_ptr + experts, tl.zeros((E_POW2,), dtype=tl.int32), mask=experts < E)
-    # expert of each block: the number of segment ends at or before the block start
+    tl.store(offsets_ptr + E + 1, total)
+    tl.store(cursor_ptr + experts, tl.zeros((E_POW2,), dtype=tl.int32), mask=experts <= E)
+    # segment of each block: the number of segment ends at or before the block start
     for start in range(0, max_blocks, BLOCK_CHUNK):
         blocks = start + tl.arange(0, BLOCK_CHUNK)
         row = blocks * BLOCK_M
         owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), 1)
-        owner = tl.where(row < total, owner, E)
+        owner = tl.where(row < total, owner, E + 1)
         tl.store(block_expert_ptr + blocks, owner, mask=blocks < max_blocks)
     for start in range(0, max_rows, CHUNK):
         rows = start + tl.arange(0, CHUNK)
@@ -90,18 +104,21 @@ def _plan_and_scatter(
     for start in range(0, num_pairs, PAIR_CHUNK):
         offs = start + tl.arange(0, PAIR_CHUNK)
         mask = offs < num_pairs
-        ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+        ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
         slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
         first = tl.load(offsets_ptr + ids, mask=mask, other=0)
         tl.store(sorted_ptr + first + slot, offs, mask=mask)
 
 
 @triton.jit
-def _scatter(ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+def _scatter(
+    ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, E: tl.constexpr, CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     _pdl_start(PDL)
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     mask = offs < num_pairs
-    ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+    ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
     slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
     start = tl.load(offsets_ptr + ids, mask=mask, other=0)
     tl.store(sorted_ptr + start + slot, offs, mask=mask)
@@ -123,18 +140,19 @@ def _chunk_for(count: int, chunk: int) -> int:
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Static upper bound of the BLOCK_M blocks in use (see the module docstring)."""
-    return min(num_experts, num_pairs) + triton.cdiv(num_pairs, block_m)
+    return min(num_experts + 1, num_pairs) + triton.cdiv(num_pairs, block_m)
 
 
 def align(
     topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: dict | None = None, zero: torch.Tensor | None = None
 ):
-    """(sorted pair ids [max_rows], block experts [max_blocks], offsets [E+1]).
+    """(sorted pair ids [max_rows], block segments [max_blocks], offsets [E+2]).
 
-    ``offsets[E]`` (on the device) is the number of padded rows in use; blocks
-    past it have expert ``E`` and rows past it hold the sentinel ``M*k``. ``pdl``: the launch
-    keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none. ``zero``: a
-    contiguous int32 buffer to zero on the way (the GEMMs' split-K counters), or none.
+    ``offsets[e]`` (on the device) is the first row of segment ``e`` (``offsets[E]``: the null segment of
+    the ids outside ``[0, E)``) and ``offsets[E + 1]`` the number of padded rows in use; blocks past it
+    have segment ``E + 1``, and rows past it, like a segment's padding rows, hold the sentinel ``M*k``.
+    ``pdl``: the launch keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none.
+    ``zero``: a contiguous int32 buffer to zero on the way (the GEMMs' split-K counters), or none.
     """
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous() or ids.dtype != torch.int32:
@@ -145,9 +163,9 @@ def align(
     device = ids.device
     sorted_ids = torch.empty(max_rows, dtype=torch.int32, device=device)
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
-    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
-    e_pow2 = triton.next_power_of_2(num_experts + 1)
+    offsets = torch.empty(num_experts + 2, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    e_pow2 = triton.next_power_of_2(num_experts + 2)
     chunk = 256 if e_pow2 <= 256 else 64
     sizes = dict(
         E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=chunk,
@@ -163,6 +181,6 @@ def align(
         _plan_and_scatter[(1,)](*args, **sizes, num_warps=4, **pdl)
         return sorted_ids, block_expert, offsets
     _plan[(1,)](*args, **sizes, num_warps=4, **pdl)
-    _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, CHUNK=256, num_warps=4,
-                                             **pdl)  # fmt: skip
+    _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, E=num_experts, CHUNK=256,
+                                             num_warps=4, **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets

@@ -1,7 +1,13 @@
 """The two grouped GEMMs of the fused MoE forward, with their epilogues fused.
 
 Both walk the block-padded, expert-sorted rows built by ``align``: program
-``(pid_m, pid_n)`` computes a BLOCK_M x BLOCK_N tile of one expert.
+``(pid_m, pid_n)`` computes a BLOCK_M x BLOCK_N tile of one expert. The total
+of padded rows in use is ``offsets[E + 1]``; programs past it return at once.
+Blocks of the null segment (expert ``E``: the pairs whose id lies outside
+``[0, E)``) read no weights: GEMM1 returns at once (GEMM2 never reads their
+intermediate rows) and GEMM2 writes zeros to their pairs' output rows, so such a
+pair contributes exactly zero, bias and routing weight included — for valid
+blocks the only extra work is one scalar compare.
 
 - ``_gemm1``: rows of ``hidden_states`` (gathered by token) times the expert's
   ``w13``; the gate and up tiles of the same output columns are accumulated
@@ -109,9 +115,11 @@ def _gemm1(
     pid = tl.program_id(0)
     split = pid // tiles
     pid_m, pid_n = _tile_ids(pid % tiles, num_m, num_n, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
+    if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert == num_experts:  # null segment: its pairs are zeroed by GEMM2, which never reads these rows
+        return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ptr + rows)
     row_ok = pair < num_pairs
@@ -197,6 +205,14 @@ def _gemm1(
 
 
 @triton.jit
+def _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K: tl.constexpr, OUT_BY_TOKEN: tl.constexpr):
+    """GEMM2's output pointers of a tile: each pair's own row of ``[M*k, N]``, or its token's row of
+    ``[M, N]`` when ``OUT_BY_TOKEN`` (k == 1)."""
+    dest = pair // TOP_K if OUT_BY_TOKEN else pair
+    return out_ptr + dest.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on
+
+
+@triton.jit
 def _gemm2(
     a_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     part_ptr, count_ptr, num_pairs, num_m, N, K, num_experts,
@@ -215,7 +231,7 @@ def _gemm2(
     pid = tl.program_id(0)
     split = pid // tiles
     pid_m, pid_n = _tile_ids(pid % tiles, num_m, num_n, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts):
+    if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -223,6 +239,12 @@ def _gemm2(
     row_ok = pair < num_pairs
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
+    if expert == num_experts:  # null segment: zero output rows, stored once (split 0), no weight or partial
+        if split == 0:
+            zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+            tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
+                     mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
+        return
     dot_dtype = out_ptr.dtype.element_ty
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -267,9 +289,8 @@ def _gemm2(
         acc += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if not ROUTER_ON_INPUT:
         acc = acc * tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
-    dest = pair // TOP_K if OUT_BY_TOKEN else pair
     tl.store(
-        out_ptr + dest.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on,
+        _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN),
         acc.to(out_ptr.dtype.element_ty),
         mask=out_mask,
     )
