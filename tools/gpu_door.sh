@@ -27,7 +27,8 @@ case "$1" in
     python3 tools/gpu_door_cost.py --output "$OUT/door.json" 2>&1 | tee -a "$LOG"
     ;;
   ab)
-    bench() {  # $1: label
+    bench() {  # $1: label; first, which kernels are installed (only the new align names the null segment)
+      python3 -c "import moe_triton.kernels.align as a; print(a.__file__, 'null segment:', 'null segment' in open(a.__file__).read())" | tee -a "$LOG"
       moe bench --backend triton --tokens 1,8,64,4096 --output "$OUT/ab-$1-bf16.json" 2>/dev/null | grep triton | tee -a "$LOG"
       moe bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 --tokens 1,8,64,4096 \
         --output "$OUT/ab-$1-fp8.json" 2>/dev/null | grep triton | tee -a "$LOG"
@@ -37,8 +38,6 @@ case "$1" in
     for round in $(seq "${AB_ROUNDS:-1}"); do
       install .ab/old/plugins/triton-moe; echo "== old kernels, round $round" | tee -a "$LOG"; bench "old$round"
       install plugins/triton-moe; echo "== new kernels, round $round" | tee -a "$LOG"; bench "new$round"
-      # which kernels ran: the align module's source names the null segment only in the new copy
-      python3 -c "import moe_triton.kernels.align as a; print('installed:', a.__file__, 'null segment' in open(a.__file__).read())" | tee -a "$LOG"
     done
     ;;
 esac
