@@ -35,6 +35,7 @@ case "$1" in
       moe bench --backend triton --scheme mxfp4 --preset gpt-oss-120b --tokens 1,8,64,4096 \
         --output "$OUT/ab-$1-mxfp4.json" 2>/dev/null | grep triton | tee -a "$LOG"
     }
+    python3 tools/gpu_door_cost.py --parts mask --output "$OUT/mask.json" 2>&1 | tee -a "$LOG"
     for round in $(seq "${AB_ROUNDS:-1}"); do
       install .ab/old/plugins/triton-moe; echo "== old kernels, round $round" | tee -a "$LOG"; bench "old$round"
       install plugins/triton-moe; echo "== new kernels, round $round" | tee -a "$LOG"; bench "new$round"

@@ -231,3 +231,30 @@ def test_a_fused_op_class_can_be_passed_directly():
         MoeRunner(cfg, w, backend=GpuOnly)
     with pytest.raises(BackendError, match="FusedOp subclass"):
         MoeRunner(cfg, w, backend=int)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_runner_masks_invalid_ids_for_a_backend_that_does_not_handle_them(check):
+    """The backend sees only ids in [0, E) (it asserts so) and the pairs the runner masked contribute zero."""
+    from moe_core.backends.torch_backend import TorchFusedOp
+
+    seen = []
+
+    class Strict(TorchFusedOp):
+        name = "strict"
+        handles_invalid_ids = False
+
+        def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
+            assert int(topk_ids.min()) >= 0 and int(topk_ids.max()) < self.config.num_experts
+            seen.append(topk_ids)
+            return super().apply(hidden_states, topk_ids, topk_weights, prepared, out)
+
+    cfg, w = make()
+    runner = MoeRunner(cfg, w, backend=Strict, check_expert_ids=check)
+    x, ids, tw = random_inputs(cfg, 5)
+    ids[1, 0], ids[3, :] = -1, -1
+    if not check:
+        ids[2, 1], ids[4, 0] = cfg.num_experts, 10**6
+    out = runner(x, ids, tw)
+    assert seen and torch.equal(out[3], torch.zeros_like(out[3]))
+    assert relative_l2(out, reference_for(cfg, w, x, ids, tw)) <= tolerance(cfg.quant_scheme, cfg.dtype)

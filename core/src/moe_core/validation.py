@@ -106,7 +106,8 @@ def validate_expert_ids(topk_ids: torch.Tensor, num_experts: int, allow_unassign
 def mask_invalid_ids(
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pairs with ids outside ``[0, num_experts)`` become (expert 0, weight 0): a zero contribution for a
-    backend that does not handle such ids itself, without reading any value on the host."""
-    valid = (topk_ids >= 0) & (topk_ids < num_experts)
-    return torch.where(valid, topk_ids, 0), torch.where(valid, topk_weights, 0.0)
+    """Pairs with ids outside ``[0, num_experts)`` get an id inside it and routing weight 0: a zero
+    contribution for a backend that does not handle such ids itself, without reading any value on the host."""
+    # three elementwise kernels (clamp, compare, fill): each launch costs more than its work at decode
+    safe = topk_ids.clamp(0, num_experts - 1)
+    return safe, topk_weights.masked_fill(safe != topk_ids, 0.0)
