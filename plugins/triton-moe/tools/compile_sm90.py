@@ -153,6 +153,6 @@ for cp in (
         build(align._plan_and_scatter, i32, {**cp, "PDL": pdl}, f"plan_and_scatter {tag}")
 for pdl in (False, True):
     build(align._scatter, i32, dict(E=128, CHUNK=256, PDL=pdl), f"scatter{' pdl' if pdl else ''}")
-    build(gemm._sum_slots, lambda n: "*bf16" if n.endswith("_ptr") else "i32", dict(TOP_K=8, BLOCK_N=1024, PDL=pdl),
-          f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
+    build(gemm._sum_slots, lambda n: "*i32" if n == "ids_ptr" else "*bf16" if n.endswith("_ptr") else "i32",
+          dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
 print("compiled", compiled, "kernels for sm90")

@@ -221,7 +221,8 @@ def run_fused_moe(
     scratch1, scratch2, counters = split_scratch(
         n_blocks, cfg.block_m, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n), (split2, h, h, cfg.gemm2.block_n)
     )
-    sorted_ids, block_expert, offsets = align_mod.align(topk_ids, num_experts, cfg.block_m, pdl, zero=counters)
+    ids = align_mod.flat_ids(topk_ids)  # contiguous int32 [M*k]: align and the slot sum index it
+    sorted_ids, block_expert, offsets = align_mod.align(ids, num_experts, cfg.block_m, pdl, zero=counters)
     topk_weights = topk_weights.reshape(-1).contiguous()
     intermediate = torch.empty(n_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
     a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and configs.FP8_PREQUANT else (x, None)
@@ -234,8 +235,8 @@ def run_fused_moe(
                  scheme, router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token, pdl, split2, scratch2)  # fmt: skip
     if not by_token:
         block = min(1024, triton.next_power_of_2(h))
-        gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, h, y.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block,
-                                                    **pdl)  # fmt: skip
+        gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, ids, h, y.stride(0), out.stride(0), num_experts,
+                                                    TOP_K=top_k, BLOCK_N=block, **pdl)  # fmt: skip
 
 
 @torch.library.custom_op("moe_triton::fused_moe", mutates_args=("out",))

@@ -143,6 +143,14 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return min(num_experts + 1, num_pairs) + triton.cdiv(num_pairs, block_m)
 
 
+def flat_ids(topk_ids: torch.Tensor) -> torch.Tensor:
+    """``topk_ids`` ``[M, k]`` as the contiguous int32 ``[M*k]`` the kernels index (no copy when it is one)."""
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous() or ids.dtype != torch.int32:
+        ids = ids.to(torch.int32).contiguous()
+    return ids
+
+
 def align(
     topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: dict | None = None, zero: torch.Tensor | None = None
 ):
@@ -154,9 +162,7 @@ def align(
     ``pdl``: the launch keywords of ``launch.pdl_kwargs`` (programmatic dependent launch), or none.
     ``zero``: a contiguous int32 buffer to zero on the way (the GEMMs' split-K counters), or none.
     """
-    ids = topk_ids.reshape(-1)
-    if not ids.is_contiguous() or ids.dtype != torch.int32:
-        ids = ids.to(torch.int32).contiguous()
+    ids = flat_ids(topk_ids)
     num_pairs = ids.numel()
     n_blocks = max_blocks(num_pairs, num_experts, block_m)
     max_rows = n_blocks * block_m

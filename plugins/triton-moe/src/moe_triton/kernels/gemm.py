@@ -239,12 +239,12 @@ def _gemm2(
     row_ok = pair < num_pairs
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    if expert == num_experts:  # null segment: zero output rows, stored once (split 0), no weight or partial
-        if split == 0:
+    if expert == num_experts:  # null segment: no weight, partial or bias read
+        if OUT_BY_TOKEN and split == 0:  # k == 1: the token's output row is this pair's alone, zero it once
             zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
             tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
                      mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
-        return
+        return  # k > 1: _sum_slots leaves this pair's slot out
     dot_dtype = out_ptr.dtype.element_ty
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -316,14 +316,18 @@ def _quant_fp8_groups(
 
 @triton.jit
 def _sum_slots(
-    y_ptr, out_ptr, N, stride_ym, stride_om, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False
+    y_ptr, out_ptr, ids_ptr, N, stride_ym, stride_om, num_experts, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """out[t] = sum over the k slots of y[t*k + j], in a fixed order (deterministic)."""
+    """out[t] = sum over the k slots of y[t*k + j], in a fixed order (deterministic); a slot whose expert id
+    lies outside ``[0, E)`` is left out (GEMM2 never wrote its row)."""
     _pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(y_ptr + (t * TOP_K + j) * stride_ym + n, mask=mask, other=0.0).to(tl.float32)
+        e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros((BLOCK_N,), dtype=tl.int32))  # the slot's id, per lane
+        ok = mask & (e >= 0) & (e < num_experts)
+        acc += tl.load(y_ptr + (t * TOP_K + j) * stride_ym + n, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
