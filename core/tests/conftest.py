@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 from moe_core.plugins import PluginRegistry
-from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 from moe_core.testing.distributions import plugin_source, write_distribution
 
 

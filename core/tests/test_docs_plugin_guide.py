@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from moe_core.cli import COMMANDS
-from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 
 try:
     import tomllib

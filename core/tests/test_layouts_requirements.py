@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_core.layouts import swap_gate_up
+from moe_core.layout import swap_gate_up
 from moe_core.requirements import distribution_version, require_distribution
 
 

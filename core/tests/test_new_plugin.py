@@ -18,8 +18,8 @@ import torch
 from moe_core import BackendUnavailableError, InvalidInputError, MoeConfig, MoeProblem
 from moe_core.cli import COMMANDS, main
 from moe_core.cli.new_plugin import core_requirement, plugin_names, render, write_plugin
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 from moe_core.selection import select
-from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 from moe_core.testing.distributions import write_distribution
 
 try:

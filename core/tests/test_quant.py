@@ -550,7 +550,7 @@ def test_cuda_matches_cpu_bit_for_bit():
 
 
 def test_every_quantized_scheme_has_a_codec():
-    from moe_core.quant.weights import CODECS
+    from moe_core.quant.codec import CODECS
     from moe_core.schemes import SCHEMES
 
     assert {name for name, spec in SCHEMES.items() if spec.quantized} == set(CODECS)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from moe_core.layouts import swizzle_128x4, swizzled_128x4_shape, unswizzle_128x4
+from moe_core.layout import swizzle_128x4, swizzled_128x4_shape, unswizzle_128x4
 
 SHAPES = [(1, 1), (100, 7), (128, 4), (128, 8), (256, 16), (300, 13), (129, 5)]
 

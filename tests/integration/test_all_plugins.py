@@ -29,7 +29,7 @@ from moe_core import (
     explain,
     select,
 )
-from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR, normalize_distribution
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR, normalize_distribution
 from moe_core.testing.cases import PASSED, SKIPPED, Conformance, cases_of
 from moe_core.testing.distributions import plugin_source, write_distribution
 

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 
 from moe_core.discovery import GROUP, PluginEntry, read_entries
 from moe_core.errors import IncompatiblePluginError, PluginError, PluginLoadError, PluginWarning
+from moe_core.filters import PluginFilters
 from moe_core.guard import support
 from moe_core.loading import ERROR, INCOMPATIBLE, from_error, import_entry, load_entry, new_plugin_manager
-from moe_core.settings import PluginFilters
 
 DISCOVERED = "discovered"
 DISABLED = "disabled"

@@ -14,8 +14,8 @@ import importlib.metadata as metadata
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from moe_core.filters import env_flag  # noqa: F401  (plugins read their switches with it)
 from moe_core.fused_op import Support
-from moe_core.settings import env_flag  # noqa: F401  (plugins read their switches with it)
 
 
 def distribution_version(name: str) -> Version | None:

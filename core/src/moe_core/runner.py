@@ -16,10 +16,10 @@ from moe_core import guard
 from moe_core.config import MoeConfig, MoeProblem
 from moe_core.dtypes import dtype_label
 from moe_core.errors import BackendError, BackendUnavailableError, PluginError
+from moe_core.filters import PluginFilters
 from moe_core.plugins import PluginRegistry
 from moe_core.requirements import env_flag
 from moe_core.selection import Selection, candidates, skip
-from moe_core.settings import PluginFilters
 from moe_core.validation import mask_invalid_ids, validate_expert_ids, validate_forward
 from moe_core.weights import MoeWeights, validate_weights
 

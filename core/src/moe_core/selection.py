@@ -27,9 +27,9 @@ from moe_core.errors import (
     PluginLoadError,
     PluginWarning,
 )
+from moe_core.filters import normalize_distribution
 from moe_core.known_backends import FIRST_PARTY
 from moe_core.plugins import PluginRegistry, default_registry
-from moe_core.settings import normalize_distribution
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
-from moe_cutlass_fp4 import environment
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
+from moe_cutlass_fp4 import requirements
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for var in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR, environment.FC2_SCALE_VAR):
+    for var in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR, requirements.FC2_SCALE_VAR):
         monkeypatch.delenv(var, raising=False)
-    for var in environment.four_over_six_switches():
+    for var in requirements.four_over_six_switches():
         monkeypatch.delenv(var, raising=False)
 
 
@@ -32,7 +32,7 @@ def gpu(monkeypatch):
 @pytest.fixture
 def opt_in(monkeypatch):
     def set_scale(value="0.01"):
-        monkeypatch.setenv(environment.FC2_SCALE_VAR, value)
+        monkeypatch.setenv(requirements.FC2_SCALE_VAR, value)
         return value
 
     return set_scale

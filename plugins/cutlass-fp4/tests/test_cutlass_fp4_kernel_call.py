@@ -9,8 +9,8 @@ import torch
 from cutlass_fp4_testing import nvfp4_config, on_cuda
 
 from moe_core.synthetic import random_weights
-from moe_cutlass_fp4 import arch, kernel
-from moe_cutlass_fp4.op import CutlassFp4FusedOp as Op
+from moe_cutlass_fp4 import devices, kernel
+from moe_cutlass_fp4.fused_op import CutlassFp4FusedOp as Op
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def bound_op(gpu, opt_in):
 def test_load_finds_the_kernel_and_every_jit_module_generator():
     fi = kernel.load()
     assert callable(fi.cutlass_fused_moe) and fi.ActivationType.Swiglu is not None
-    assert set(fi.modules) == set(arch.MODULES.values())
+    assert set(fi.modules) == set(devices.MODULES.values())
     for gen in fi.modules.values():
         inspect.signature(gen).bind()
     from flashinfer.jit.core import JitSpecNvcc

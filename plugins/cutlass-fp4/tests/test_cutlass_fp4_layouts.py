@@ -8,7 +8,7 @@ import pytest
 import torch
 from cutlass_fp4_testing import nvfp4_config
 
-from moe_core.layouts import swizzle_128x4
+from moe_core.layout import swizzle_128x4
 from moe_core.quant.nvfp4 import default_global_scale
 from moe_core.synthetic import random_weights
 from moe_cutlass_fp4 import kernel

@@ -7,12 +7,13 @@ import torch
 from cutlass_fp4_testing import no_cuda_here, nvfp4_config, on_cuda
 from packaging.version import Version
 
-from moe_core import MoeProblem, MoeRunner, requirements
+import moe_core.requirements
+from moe_core import MoeProblem, MoeRunner
 from moe_core.errors import BackendUnavailableError
 from moe_core.selection import select
 from moe_core.synthetic import random_weights
-from moe_cutlass_fp4 import environment
-from moe_cutlass_fp4.op import CutlassFp4FusedOp as Op
+from moe_cutlass_fp4 import requirements
+from moe_cutlass_fp4.fused_op import CutlassFp4FusedOp as Op
 
 
 @no_cuda_here
@@ -47,7 +48,7 @@ def test_hopper_is_refused_precisely_and_the_error_lists_who_can(gpu, opt_in):
 def test_blackwell_family_needs_the_fc2_scale_opt_in(gpu, opt_in, cap):
     gpu(*cap)
     support = Op.check(on_cuda())
-    assert not support and environment.FC2_SCALE_VAR in support.reason
+    assert not support and requirements.FC2_SCALE_VAR in support.reason
     assert "dynamic global scale" in support.reason and "static fc2 input scale" in support.reason
     opt_in()
     assert Op.check(on_cuda()), Op.check(on_cuda()).reason
@@ -89,14 +90,14 @@ def test_declarations(gpu, opt_in, kw, word):
 
 @pytest.fixture
 def flashinfer_is(monkeypatch):
-    real = requirements.distribution_version
+    real = moe_core.requirements.distribution_version
 
     def pretend(version):
         monkeypatch.setattr(
-            requirements,
+            moe_core.requirements,
             "distribution_version",
             lambda name: (
-                (None if version is None else Version(version)) if name == environment.DISTRIBUTION else real(name)
+                (None if version is None else Version(version)) if name == requirements.DISTRIBUTION else real(name)
             ),
         )
 
@@ -139,5 +140,5 @@ def test_same_range_in_pyproject():
     from packaging.specifiers import SpecifierSet
 
     reqs = [Requirement(r) for r in md.requires("moe-cutlass-fp4")]
-    (fi,) = [r for r in reqs if r.name == environment.DISTRIBUTION]
-    assert fi.specifier == SpecifierSet(environment.SUPPORTED)
+    (fi,) = [r for r in reqs if r.name == requirements.DISTRIBUTION]
+    assert fi.specifier == SpecifierSet(requirements.SUPPORTED)

@@ -8,7 +8,7 @@ from cutlass_fp4_testing import no_cuda_here
 
 from moe_core.cli import main
 from moe_cutlass_fp4 import kernel
-from moe_cutlass_fp4.op import CutlassFp4FusedOp as Op
+from moe_cutlass_fp4.fused_op import CutlassFp4FusedOp as Op
 
 
 @no_cuda_here

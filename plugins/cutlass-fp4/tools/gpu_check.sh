@@ -27,7 +27,7 @@ import os, torch, importlib.metadata as md
 from moe_core import MoeConfig, MoeProblem
 from moe_core.errors import BackendUnavailableError
 from moe_core.selection import select
-from moe_cutlass_fp4.op import CutlassFp4FusedOp as Op
+from moe_cutlass_fp4.fused_op import CutlassFp4FusedOp as Op
 print(torch.cuda.get_device_name(), "SM%d%d" % torch.cuda.get_device_capability(), "flashinfer-python",
       md.version("flashinfer-python"))
 cfg = MoeConfig(8, 2, 256, 128, quant_scheme="nvfp4", dtype=torch.bfloat16)
@@ -45,7 +45,7 @@ PY
 
 python3 - <<'PY' 2>&1 | tee "$OUT/swizzle-vs-block_scale_interleave.txt"
 import time, torch, flashinfer
-from moe_core.layouts import swizzle_128x4
+from moe_core.layout import swizzle_128x4
 t = time.perf_counter()
 ok = True
 for shape in [(128, 4), (256, 16), (200, 9), (4, 256, 16), (3, 384, 36), (8, 512, 8)]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 
 
 @pytest.fixture(autouse=True)

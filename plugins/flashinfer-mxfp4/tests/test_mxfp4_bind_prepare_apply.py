@@ -19,9 +19,9 @@ import torch
 from mxfp4_testing import bound, cuda_problem, weights
 
 from moe_core.errors import BackendUnavailableError
-from moe_core.layouts import swizzle_128x4, unswizzle_128x4
-from moe_flashinfer_mxfp4 import devices, flashinfer_api, layouts
-from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+from moe_core.layout import swizzle_128x4, unswizzle_128x4
+from moe_flashinfer_mxfp4 import devices, kernel, layout
+from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
 
 def bind_op(fake_gpu, cap, **kw):
@@ -35,7 +35,7 @@ def bind_op(fake_gpu, cap, **kw):
         return [kwargs["output"], None, None, None]
 
     def sf_stand_in(t, epilogue_tile_m, num_elts_per_sf=16):
-        return swizzle_128x4(t[layouts.shuffle_rows_source(t.shape[0])]).flatten()
+        return swizzle_128x4(t[layout.shuffle_rows_source(t.shape[0])]).flatten()
 
     op._fi = SimpleNamespace(
         **{
@@ -57,7 +57,7 @@ def bind_op(fake_gpu, cap, **kw):
 
 
 def up_gate_source(i: int) -> torch.Tensor:
-    """Canonical row of each [up; gate] row, written without moe_core.layouts."""
+    """Canonical row of each [up; gate] row, written without moe_core.layout."""
     return torch.tensor([i + r if r < i else r - i for r in range(2 * i)])
 
 
@@ -74,14 +74,14 @@ def test_bind_on_sm100_verifies_the_row_shuffle(fake_gpu):
 
 def test_bind_refuses_when_the_probe_disagrees_with_the_version(fake_gpu, monkeypatch):
     fake_gpu((9, 0))
-    real_load = flashinfer_api.load
+    real_load = kernel.load
 
     def v1_helper():
         fi = real_load()
-        fi.interleave_moe_scales_for_sm90_mixed_gemm = lambda s, group_size=32: layouts.sm90_fold_scales_v1(s)
+        fi.interleave_moe_scales_for_sm90_mixed_gemm = lambda s, group_size=32: layout.sm90_fold_scales_v1(s)
         return fi
 
-    monkeypatch.setattr(flashinfer_api, "load", v1_helper)
+    monkeypatch.setattr(kernel, "load", v1_helper)
     with pytest.raises(BackendUnavailableError, match=r"layout 'v2' by its version.*produces layout 'v1'"):
         Op(cuda_problem())
 
@@ -90,14 +90,14 @@ def test_bind_refuses_when_the_version_disagrees_with_the_probe(fake_gpu, monkey
     from packaging.version import Version
 
     fake_gpu((9, 0))
-    real_load = flashinfer_api.load
+    real_load = kernel.load
 
     def older():
         fi = real_load()
         fi.version = Version("0.6.17")
         return fi
 
-    monkeypatch.setattr(flashinfer_api, "load", older)
+    monkeypatch.setattr(kernel, "load", older)
     with pytest.raises(BackendUnavailableError, match=r"layout 'v1' by its version.*produces layout 'v2'"):
         Op(cuda_problem())
 
@@ -154,7 +154,7 @@ def test_sm90_prepare(fake_gpu, activation, bias):
 
 def test_sm90_prepare_refuses_an_unexpected_helper_result(fake_gpu):
     op, _ = bind_op(fake_gpu, (9, 0))
-    op._fi.interleave_moe_scales_for_sm90_mixed_gemm = lambda s, group_size=32: layouts.sm90_fold_scales_v1(s)
+    op._fi.interleave_moe_scales_for_sm90_mixed_gemm = lambda s, group_size=32: layout.sm90_fold_scales_v1(s)
     with pytest.raises(BackendUnavailableError, match="expected uint8"):
         op.prepare(weights(op.config))
 
@@ -217,8 +217,8 @@ def test_sm100_prepare(fake_gpu, activation, bias):
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     w = weights(cfg)
     p = op.prepare(w)
-    src13 = up_gate_source(i)[layouts.gated_rows_source(2 * i)]  # canonical row of every prepared w13 row
-    src2 = layouts.shuffle_rows_source(h)
+    src13 = up_gate_source(i)[layout.gated_rows_source(2 * i)]  # canonical row of every prepared w13 row
+    src2 = layout.shuffle_rows_source(h)
     assert p.w13.dtype == torch.uint8 and p.w13.shape == (e, 2 * i, h // 2)
     assert torch.equal(p.w13, w.w13[:, src13]) and torch.equal(p.w2, w.w2[:, src2])
     assert p.s13.dtype == torch.float8_e4m3fn and p.s13.shape == (e, 2 * i, h // 32)

@@ -45,7 +45,7 @@ def test_aligned_layers_are_not_copied():
 
 
 def test_apply_runs_the_kernel_on_padded_buffers_and_returns_the_layer_size(fake_gpu):
-    from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+    from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
     fake_gpu((9, 0))
     op = Op(cuda_problem(hidden_size=160, intermediate_size=96, activation="swiglu_oai", has_bias=True))

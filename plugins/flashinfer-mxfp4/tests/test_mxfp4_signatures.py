@@ -12,12 +12,12 @@ import pytest
 import torch
 from mxfp4_testing import config
 
-from moe_flashinfer_mxfp4 import flashinfer_api
+from moe_flashinfer_mxfp4 import kernel
 
 
 @pytest.fixture(scope="module")
 def fi():
-    return flashinfer_api.load()
+    return kernel.load()
 
 
 def t(*shape, dtype=torch.uint8):
@@ -45,8 +45,8 @@ def test_load_finds_every_symbol(fi):
 def test_cutlass_fused_moe_call_binds(fi, bias, activation):
     cfg = config(has_bias=bias, activation=activation)
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-    alpha, beta, limit = flashinfer_api.activation_params(cfg, "cpu")
-    p = flashinfer_api.Sm90Weights(
+    alpha, beta, limit = kernel.activation_params(cfg, "cpu")
+    p = kernel.Sm90Weights(
         w13=t(e, 2 * i, h // 2),
         w2=t(e, h, i // 2),
         quant_scales=[t(e, 2 * i // 64, h // 128, 16, 4, dtype=torch.int32), t(e, h // 64, i // 128, 16, 4)],
@@ -57,7 +57,7 @@ def test_cutlass_fused_moe_call_binds(fi, bias, activation):
         swiglu_limit=limit,
     )
     x, ids, w, out = t(3, h, dtype=torch.bfloat16), t(3, 2, dtype=torch.int32), t(3, 2, dtype=torch.float32), None
-    kwargs = flashinfer_api.sm90_kwargs(fi, p, x, ids, w, out)
+    kwargs = kernel.sm90_kwargs(fi, p, x, ids, w, out)
     bound = inspect.signature(fi.cutlass_fused_moe).bind(**kwargs)
     assert bound.arguments["use_w4_group_scaling"] is True
     assert bound.arguments["use_fused_finalize"] is False
@@ -66,9 +66,9 @@ def test_cutlass_fused_moe_call_binds(fi, bias, activation):
 def test_trtllm_routed_call_binds(fi):
     cfg = config(has_bias=True, activation="swiglu_oai")
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-    alpha, beta, limit = flashinfer_api.activation_params(cfg, "cpu")
+    alpha, beta, limit = kernel.activation_params(cfg, "cpu")
     f8 = torch.float8_e4m3fn
-    p = flashinfer_api.Sm100Weights(
+    p = kernel.Sm100Weights(
         w13=t(e, 2 * i, h // 2),
         s13=t(e, 2 * i, h // 32).view(f8),
         b13=t(e, 2 * i, dtype=torch.float32),
@@ -81,7 +81,7 @@ def test_trtllm_routed_call_binds(fi):
         ones=torch.ones(e),
     )
     x, ids, w = t(3, h, dtype=torch.bfloat16), t(3, 2, dtype=torch.int32), t(3, 2, dtype=torch.float32)
-    kwargs = flashinfer_api.sm100_kwargs(fi, p, cfg, x, ids, w, None)
+    kwargs = kernel.sm100_kwargs(fi, p, cfg, x, ids, w, None)
     inspect.signature(fi.trtllm_fp4_block_scale_routed_moe).bind(**kwargs)
     assert fi.routed_takes_sf_layout == ("hidden_states_scale_layout" in kwargs)
 

@@ -288,11 +288,11 @@ def test_run_moe_arguments_go_to_their_named_positions(version, fake_gpu):
     ]
     mod, log, inits = _slim_with_fake_library(params)
     fake_gpu((9, 0))
-    from moe_flashinfer_mxfp4 import flashinfer_api
+    from moe_flashinfer_mxfp4 import kernel
 
-    fi = flashinfer_api.load()
+    fi = kernel.load()
     cfg_kw = dict(activation="swiglu_oai", has_bias=True)
-    from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+    from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
     op = Op(cuda_problem(**cfg_kw))
     op._fi = SimpleNamespace(**{**vars(fi), "interleave_moe_weights_for_sm90_mixed_gemm": lambda w, q="fp4": w.clone()})
@@ -301,7 +301,7 @@ def test_run_moe_arguments_go_to_their_named_positions(version, fake_gpu):
     ids = torch.zeros(3, 2, dtype=torch.int32)
     tw = torch.ones(3, 2)
     out = torch.zeros(3, op.config.hidden_size, dtype=torch.bfloat16)
-    got = mod.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(fi, p, x, ids, tw, out))
+    got = mod.cutlass_fused_moe(**kernel.sm90_kwargs(fi, p, x, ids, tw, out))
     assert got is out and bool((out == 5).all())
     (args,) = log
     assert len(args) == len(params)
@@ -384,7 +384,7 @@ def test_an_op_bound_to_the_slim_module_prepares_and_runs_through_it(fake_gpu, m
 
     monkeypatch.setattr(sm90_engine, "slim_namespace", slim_namespace)
     fake_gpu((9, 0))
-    from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+    from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
     op = Op(cuda_problem())
     assert op.sm90_engine.kind == "slim" and op.sm90_engine.built

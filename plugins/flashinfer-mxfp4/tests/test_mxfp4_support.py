@@ -11,7 +11,7 @@ from mxfp4_testing import config, cuda_problem, no_cuda_here, weights
 from moe_core import MoeProblem, MoeRunner
 from moe_core.errors import BackendUnavailableError
 from moe_flashinfer_mxfp4 import devices
-from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
 
 def test_cpu_problem_says_it_needs_a_cuda_gpu():
@@ -113,7 +113,7 @@ def test_check_does_not_import_flashinfer(fake_gpu):
         torch.cuda.device_count = lambda: 1
         torch.cuda.get_device_capability = lambda d=None: (9, 0)
         from moe_core import MoeConfig, MoeProblem
-        from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+        from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
         cfg = MoeConfig(4, 2, 256, 128, quant_scheme="mxfp4", dtype=torch.bfloat16)
         assert Op.check(MoeProblem(cfg, torch.device("cuda")))
         assert Op.available()

@@ -7,36 +7,36 @@ from mxfp4_testing import cuda_problem
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from moe_core import requirements
-from moe_flashinfer_mxfp4 import versions
-from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+import moe_core.requirements
+from moe_flashinfer_mxfp4 import requirements
+from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
 
 @pytest.fixture
 def installed(monkeypatch):
     """``installed("0.6.12")``: pretend that flashinfer-python version is installed (None: not installed)."""
-    real = requirements.distribution_version
+    real = moe_core.requirements.distribution_version
 
     def pretend(version: str | None):
         def fake(name):
-            if name == versions.DISTRIBUTION:
+            if name == requirements.DISTRIBUTION:
                 return None if version is None else Version(version)
             return real(name)
 
-        monkeypatch.setattr(requirements, "distribution_version", fake)
+        monkeypatch.setattr(moe_core.requirements, "distribution_version", fake)
 
     return pretend
 
 
 def test_installed_version_is_in_range():
-    assert versions.check(), versions.check().reason
-    assert versions.installed() in SpecifierSet(versions.SUPPORTED)
+    assert requirements.check(), requirements.check().reason
+    assert requirements.installed() in SpecifierSet(requirements.SUPPORTED)
 
 
 @pytest.mark.parametrize("version", ["0.6.18", "0.6.18.post1", "0.7.0", "0.7.2.post1", "0.7.4", "0.7.5.dev1"])
 def test_accepted(installed, version):
     installed(version)
-    assert versions.check(), versions.check().reason
+    assert requirements.check(), requirements.check().reason
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_accepted(installed, version):
 )
 def test_refused_with_the_specific_reason(installed, version, words):
     installed(version)
-    support = versions.check()
+    support = requirements.check()
     assert not support
     for word in words:
         assert word in support.reason, support.reason
@@ -66,7 +66,7 @@ def test_refused_with_the_specific_reason(installed, version, words):
 
 def test_not_installed_names_the_pip_command(installed):
     installed(None)
-    support = versions.check()
+    support = requirements.check()
     assert not support and "flashinfer-python is not installed" in support.reason
     assert "pip install 'flashinfer-python>=0.6.18,<0.8'" in support.reason
 
@@ -94,7 +94,7 @@ def test_the_support_check_refuses_a_racy_version_on_a_hopper(installed, fake_gp
     ],
 )
 def test_layout_family_by_version(version, family):
-    assert versions.sm90_layout_family(Version(version)) == family
+    assert requirements.sm90_layout_family(Version(version)) == family
 
 
 def test_pyproject_declares_the_same_range():
@@ -102,5 +102,5 @@ def test_pyproject_declares_the_same_range():
 
     from packaging.requirements import Requirement
 
-    (req,) = [Requirement(r) for r in md.requires("moe-flashinfer-mxfp4") if r.startswith(versions.DISTRIBUTION)]
-    assert req.specifier == SpecifierSet(versions.SUPPORTED)
+    (req,) = [Requirement(r) for r in md.requires("moe-flashinfer-mxfp4") if r.startswith(requirements.DISTRIBUTION)]
+    assert req.specifier == SpecifierSet(requirements.SUPPORTED)

@@ -11,8 +11,8 @@ from packaging.version import Version
 
 import moe_flashinfer_mxfp4.warmup as wm
 from moe_core.cli import main
-from moe_flashinfer_mxfp4 import flashinfer_api
-from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+from moe_flashinfer_mxfp4 import kernel
+from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 
 REAL_COLD_BUILD_NOTICE = wm.cold_build_notice  # conftest stubs it for the binding tests
 
@@ -77,7 +77,7 @@ def test_prebuilt_and_already_built_modules_are_just_loaded(tmp_path):
 
 
 def fake_fi(tmp_path, **overrides):
-    fi = flashinfer_api.load()
+    fi = kernel.load()
     spec = FakeSpec(tmp_path, units=4)
     fi.gen_cutlass_fused_moe_sm90_module = lambda: spec
     fi.gen_trtllm_gen_fused_moe_sm100_module = lambda: FakeSpec(tmp_path, units=2, name="fused_moe_trtllm_sm100")
@@ -88,7 +88,7 @@ def fake_fi(tmp_path, **overrides):
 def test_warmup_on_a_hopper_verifies_the_layout_then_builds(fake_gpu, monkeypatch, tmp_path):
     fake_gpu((9, 0))
     fi, spec = fake_fi(tmp_path)
-    monkeypatch.setattr(flashinfer_api, "load", lambda: fi)
+    monkeypatch.setattr(kernel, "load", lambda: fi)
     lines = []
     support = Op.warmup(lines.append)
     assert support and spec.loaded and "fused_moe_90 built and loaded" in support.reason
@@ -100,7 +100,7 @@ def test_warmup_on_a_hopper_verifies_the_layout_then_builds(fake_gpu, monkeypatc
 def test_warmup_refuses_a_layout_it_cannot_verify(fake_gpu, monkeypatch, tmp_path):
     fake_gpu((9, 0))
     fi, spec = fake_fi(tmp_path, interleave_moe_scales_for_sm90_mixed_gemm=lambda s, group_size=32: s)
-    monkeypatch.setattr(flashinfer_api, "load", lambda: fi)
+    monkeypatch.setattr(kernel, "load", lambda: fi)
     support = Op.warmup(None)
     assert not support and "refuses to feed the kernel a layout" in support.reason
     assert not spec.loaded
@@ -113,7 +113,7 @@ def test_warmup_on_blackwell_explains_missing_cubins(fake_gpu, monkeypatch, tmp_
         raise RuntimeError("could not download checksums.txt")
 
     fi, _ = fake_fi(tmp_path, gen_trtllm_gen_fused_moe_sm100_module=offline)
-    monkeypatch.setattr(flashinfer_api, "load", lambda: fi)
+    monkeypatch.setattr(kernel, "load", lambda: fi)
     support = Op.warmup(None)
     assert not support
     assert "could not download checksums.txt" in support.reason

@@ -64,8 +64,8 @@ check() {
   python3 - <<'PY' 2>&1 | tee "$OUT/bind.txt"
 import time, torch
 from moe_core import MoeConfig, MoeProblem
-from moe_flashinfer_mxfp4 import layouts
-from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp as Op
+from moe_flashinfer_mxfp4 import layout
+from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp as Op
 cfg = MoeConfig(8, 2, 256, 128, quant_scheme="mxfp4", activation="swiglu_oai", dtype=torch.bfloat16, has_bias=True)
 problem = MoeProblem(cfg, torch.device("cuda"))
 print("check:", Op.check(problem))
@@ -74,7 +74,7 @@ t = time.perf_counter()
 op = Op(problem)  # imports flashinfer, probes the layout; builds nothing
 print(f"bound in {time.perf_counter() - t:.1f}s: path={op.kernel_path} layout={op.layout} flashinfer={op._fi.version}")
 s = torch.randint(0, 256, (4, 256, 8), dtype=torch.int32).to(torch.uint8).cuda()
-same = torch.equal(op._fi.interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32), layouts.sm90_fold_scales_v2(s))
+same = torch.equal(op._fi.interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32), layout.sm90_fold_scales_v2(s))
 print("scale fold on CUDA == v2 formula:", same)
 spec = op._fi.gen_cutlass_fused_moe_sm90_module()
 objs = spec.get_object_paths()
@@ -96,8 +96,8 @@ build() {
 conformance() {
   if ! python3 -c "
 import sys
-from moe_flashinfer_mxfp4 import flashinfer_api
-spec = flashinfer_api.load().gen_cutlass_fused_moe_sm90_module()
+from moe_flashinfer_mxfp4 import kernel
+spec = kernel.load().gen_cutlass_fused_moe_sm90_module()
 sys.exit(0 if (spec.is_compiled or spec.is_aot) else 1)"; then
     echo "conformance skipped: fused_moe_90 is not built here (run the build step until it finishes, ~1 hour on"
     echo "16 cores, or carry flashinfer-jit-cache of the same version); running it now would start that build"

@@ -46,11 +46,11 @@ def _captured(runner, x, ids, tw):
 
 
 def test_decode_shape_uses_split_k_when_automatic_split_is_on(monkeypatch):
-    from moe_triton import configs
+    from moe_triton import kernel_configs
 
-    monkeypatch.setattr(configs, "AUTO_SPLIT_K", True)
-    cfg = configs.select_config("bf16", 16, 512, 256, 4, 1, "cuda")
-    assert configs.resolve_split_k("bf16", 16, 512, 256, 4, 1, cfg, "cuda") > 1
+    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", True)
+    cfg = kernel_configs.select_config("bf16", 16, 512, 256, 4, 1, "cuda")
+    assert kernel_configs.resolve_split_k("bf16", 16, 512, 256, 4, 1, cfg, "cuda") > 1
 
 
 @pytest.mark.parametrize("scheme,activation,bias,m", CASES)
@@ -87,14 +87,14 @@ def test_torch_compile_fullgraph_matches_eager(scheme, activation, bias, m):
 def test_programmatic_dependent_launch_matches_plain_launches(monkeypatch, scheme, activation, bias, m):
     """MOE_TRITON_PDL=1 (every kernel waits for its predecessor in its first statement): bitwise the same
     output, eager and in a CUDA graph (with fp8_block also through the once-per-forward quantization)."""
-    from moe_triton import configs, launch
+    from moe_triton import kernel_configs, launch
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs SM90+")
-    monkeypatch.setattr(configs, "FP8_PREQUANT", scheme == "fp8_block")
+    monkeypatch.setattr(kernel_configs, "FP8_PREQUANT", scheme == "fp8_block")
     runner, (x, ids, tw) = _runner(scheme, activation, bias, m)
     plain = runner(x, ids, tw).clone()
-    monkeypatch.setattr(configs, "PDL", True)
+    monkeypatch.setattr(kernel_configs, "PDL", True)
     assert launch.pdl_kwargs(x.device) == {"PDL": True, "launch_pdl": True}
     assert torch.equal(runner(x, ids, tw), plain)
     graph, out = _captured(runner, x, ids, tw)

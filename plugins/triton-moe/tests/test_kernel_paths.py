@@ -17,7 +17,7 @@ from moe_core import MoeConfig
 from moe_core.reference import reference_for
 from moe_core.synthetic import random_inputs, random_weights
 from moe_core.tolerances import relative_l2, tolerance
-from moe_triton import configs, launch
+from moe_triton import kernel_configs, launch
 from moe_triton.layout import prepare_weights
 
 CUDA = torch.cuda.is_available()
@@ -41,10 +41,10 @@ def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
     reaches GEMM2 as 0, which ``sanitize`` makes 1)."""
     g1, g2 = (
-        configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
+        kernel_configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
         for s in swap
     )
-    return configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
+    return kernel_configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
 
 
 def _check(cfg, weights, m, kernel_config, seed=1):
@@ -103,7 +103,7 @@ def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, b
     out, inputs = _check(cfg, weights, 9, _kc(block_k, split, block_n, block_m, swap))
     plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m))
     assert relative_l2(out, plain) <= tolerance("mxfp4", HALF) / 4
-    assert configs.sanitize(_kc(64, 1, swap=(True, True)), "bf16").gemm1.swap_ab is False
+    assert kernel_configs.sanitize(_kc(64, 1, swap=(True, True)), "bf16").gemm1.swap_ab is False
 
 
 def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_the_gemms():
@@ -177,34 +177,38 @@ def test_prepared_weights_are_required_for_mxfp4():
 
 
 def test_sanitize_leaves_gemm2_unsplit_for_split_0():
-    assert configs.sanitize(_kc(64, 0), "bf16").split_k2 == 1
-    assert configs.sanitize(_kc(64, 4), "bf16").split_k2 == 4
+    assert kernel_configs.sanitize(_kc(64, 0), "bf16").split_k2 == 1
+    assert kernel_configs.sanitize(_kc(64, 4), "bf16").split_k2 == 4
 
 
 def test_split_k_heuristic():
     # deepseek-v3-tp8 at M=1: 8 experts x 256/32 N tiles = 64 programs on 132 SMs -> split 4 (256 programs)
-    assert configs.split_k_for(8, 256, 7168, 256, 32, 128, 132) == 4
+    assert kernel_configs.split_k_for(8, 256, 7168, 256, 32, 128, 132) == 4
     # gpt-oss-120b at M=1 with BLOCK_N 64: 4 x 45 = 180 programs already fill 132 SMs
-    assert configs.split_k_for(4, 128, 2880, 2880, 64, 64, 132) == 1
+    assert kernel_configs.split_k_for(4, 128, 2880, 2880, 64, 64, 132) == 1
     # prefill-sized batches never split; the CPU (0 SMs) never splits on its own
-    assert configs.split_k_for(4096, 8, 4096, 14336, 64, 64, 132) == 1
-    assert configs.split_k_for(8, 256, 7168, 256, 32, 128, 0) == 1
+    assert kernel_configs.split_k_for(4096, 8, 4096, 14336, 64, 64, 132) == 1
+    assert kernel_configs.split_k_for(8, 256, 7168, 256, 32, 128, 0) == 1
     # K too short for more slices: at most two BLOCK_K tiles of K per split
-    assert configs.split_k_for(1, 8, 512, 64, 64, 128, 132) == 2
-    assert configs.sanitize(_kc(32, 0), "mxfp4").gemm1.block_k == 64
-    assert configs.sanitize(_kc(96, 0), "mxfp4").gemm2.block_k == 128
-    assert configs.sanitize(_kc(64, 0), "fp8_block").gemm1.block_k == 128
+    assert kernel_configs.split_k_for(1, 8, 512, 64, 64, 128, 132) == 2
+    assert kernel_configs.sanitize(_kc(32, 0), "mxfp4").gemm1.block_k == 64
+    assert kernel_configs.sanitize(_kc(96, 0), "mxfp4").gemm2.block_k == 128
+    assert kernel_configs.sanitize(_kc(64, 0), "fp8_block").gemm1.block_k == 128
 
 
 def test_tables_without_split_k_still_load():
-    entry = {"block_m": 16, "gemm1": configs.GemmConfig().__dict__, "gemm2": configs.GemmConfig().__dict__}
-    kc = configs.KernelConfig.from_dict(entry)
+    entry = {
+        "block_m": 16,
+        "gemm1": kernel_configs.GemmConfig().__dict__,
+        "gemm2": kernel_configs.GemmConfig().__dict__,
+    }
+    kc = kernel_configs.KernelConfig.from_dict(entry)
     assert kc.split_k == 0  # decided at launch
-    assert configs.KernelConfig.from_dict(kc.as_dict()) == kc
-    table = configs._load_table("NVIDIA_H200", None)
+    assert kernel_configs.KernelConfig.from_dict(kc.as_dict()) == kc
+    table = kernel_configs._load_table("NVIDIA_H200", None)
     for per_m in table["entries"].values():
         for c in per_m.values():
-            configs.KernelConfig.from_dict(c)
+            kernel_configs.KernelConfig.from_dict(c)
 
 
 @pytest.mark.skipif(not CUDA, reason="fp8_block needs CUDA (the interpreter's fp8 dot is inexact)")
@@ -219,26 +223,26 @@ def test_fp8_block_split_k_on_cuda(split):
 @pytest.mark.skipif(not CUDA, reason="the inline-PTX MXFP4 decode runs on CUDA only")
 @pytest.mark.parametrize("m,split", [(5, 1), (5, 2), (1, 0)])
 def test_mxfp4_inline_ptx_decode_on_cuda(monkeypatch, m, split):
-    monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", True)
+    monkeypatch.setattr(kernel_configs, "MXFP4_DECODE_ASM", True)
     cfg = MoeConfig(8, 2, 256, 192, quant_scheme="mxfp4", activation="swiglu_oai", dtype=torch.bfloat16, has_bias=True)
     weights = random_weights(cfg, DEVICE)
     out, inputs = _check(cfg, weights, m, _kc(128, split, block_n=64))
-    monkeypatch.setattr(configs, "MXFP4_DECODE_ASM", False)
+    monkeypatch.setattr(kernel_configs, "MXFP4_DECODE_ASM", False)
     assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n=64)), out)  # same bits as portable
 
 
 def test_automatic_split_k_is_off_by_default_and_a_pinned_split_still_applies(monkeypatch):
-    from moe_triton import configs
+    from moe_triton import kernel_configs
 
-    cfg = configs.heuristic_config("bf16", 256, 7168, 256, 8, 1)
-    monkeypatch.setattr(configs, "sm_count", lambda device: 132)  # an H200's SMs, so the heuristic would split
-    monkeypatch.setattr(configs, "AUTO_SPLIT_K", False)
-    assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") == 1
-    monkeypatch.setattr(configs, "AUTO_SPLIT_K", True)
-    assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") > 1
-    pinned = configs.KernelConfig(cfg.block_m, cfg.gemm1, cfg.gemm2, split_k=3)
-    monkeypatch.setattr(configs, "AUTO_SPLIT_K", False)
-    assert configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu") == 3
+    cfg = kernel_configs.heuristic_config("bf16", 256, 7168, 256, 8, 1)
+    monkeypatch.setattr(kernel_configs, "sm_count", lambda device: 132)  # an H200's SMs, so the heuristic would split
+    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", False)
+    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") == 1
+    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", True)
+    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") > 1
+    pinned = kernel_configs.KernelConfig(cfg.block_m, cfg.gemm1, cfg.gemm2, split_k=3)
+    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", False)
+    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu") == 3
 
 
 def test_fp8_activation_group_quantization():
@@ -263,7 +267,7 @@ def test_fp8_block_activations_quantized_once_give_the_same_result(monkeypatch, 
     cfg = MoeConfig(8, 1 if on_input else 2, 512, 256, quant_scheme="fp8_block", activation="silu",
                     dtype=torch.bfloat16, apply_router_weight_on_input=on_input)  # fmt: skip
     weights = random_weights(cfg, DEVICE)
-    monkeypatch.setattr(configs, "FP8_PREQUANT", False)
+    monkeypatch.setattr(kernel_configs, "FP8_PREQUANT", False)
     in_loop, inputs = _check(cfg, weights, 5, _kc(128, split))
-    monkeypatch.setattr(configs, "FP8_PREQUANT", True)
+    monkeypatch.setattr(kernel_configs, "FP8_PREQUANT", True)
     assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), in_loop)

@@ -92,43 +92,55 @@ def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, 
 
 
 def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
-    from moe_triton import configs
+    from moe_triton import kernel_configs
 
-    fp8 = configs.heuristic_config("fp8_block", 256, 7168, 256, 8, 1)
+    fp8 = kernel_configs.heuristic_config("fp8_block", 256, 7168, 256, 8, 1)
     assert fp8.gemm1.block_k == 128 and fp8.gemm2.block_k == 128
-    assert configs.heuristic_config("mxfp4", 128, 2880, 2880, 4, 4096).gemm1.block_k % 32 == 0
-    assert configs.heuristic_config("bf16", 8, 4096, 14336, 2, 1).block_m == 16
-    assert configs.heuristic_config("bf16", 8, 4096, 14336, 2, 4096).block_m == 128
-    key = configs.table_key("bf16", 8, 64, 32, 2)
-    small = configs.KernelConfig(16, configs.GemmConfig(32, 32, 1, 2, 2), configs.GemmConfig(64, 32, 1, 4, 2))
-    large = configs.KernelConfig(64, configs.GemmConfig(128, 64, 8, 8, 3), configs.GemmConfig(128, 64, 8, 8, 4))
+    assert kernel_configs.heuristic_config("mxfp4", 128, 2880, 2880, 4, 4096).gemm1.block_k % 32 == 0
+    assert kernel_configs.heuristic_config("bf16", 8, 4096, 14336, 2, 1).block_m == 16
+    assert kernel_configs.heuristic_config("bf16", 8, 4096, 14336, 2, 4096).block_m == 128
+    key = kernel_configs.table_key("bf16", 8, 64, 32, 2)
+    small = kernel_configs.KernelConfig(
+        16, kernel_configs.GemmConfig(32, 32, 1, 2, 2), kernel_configs.GemmConfig(64, 32, 1, 4, 2)
+    )
+    large = kernel_configs.KernelConfig(
+        64, kernel_configs.GemmConfig(128, 64, 8, 8, 3), kernel_configs.GemmConfig(128, 64, 8, 8, 4)
+    )
     (tmp_path / "cpu.json").write_text(json.dumps({"entries": {key: {"1": small.as_dict(), "512": large.as_dict()}}}))
-    entry = configs.tuned_entry("cpu", key, str(tmp_path))
+    entry = kernel_configs.tuned_entry("cpu", key, str(tmp_path))
     assert entry == {1: small, 512: large}
-    monkeypatch.setattr(configs, "_load_table", lambda slug, d=None: json.loads((tmp_path / "cpu.json").read_text()))
-    configs._select.cache_clear()
-    assert configs.select_config("bf16", 8, 64, 32, 2, 3, "cpu") == small
-    assert configs.select_config("bf16", 8, 64, 32, 2, 400, "cpu") == large
-    configs._select.cache_clear()
+    monkeypatch.setattr(
+        kernel_configs, "_load_table", lambda slug, d=None: json.loads((tmp_path / "cpu.json").read_text())
+    )
+    kernel_configs._select.cache_clear()
+    assert kernel_configs.select_config("bf16", 8, 64, 32, 2, 3, "cpu") == small
+    assert kernel_configs.select_config("bf16", 8, 64, 32, 2, 400, "cpu") == large
+    kernel_configs._select.cache_clear()
 
 
 def test_tune_table_merges_per_token_count(tmp_path):
     """Tuning writes each finished M at once; a later run for other Ms keeps the earlier ones."""
     pytest.importorskip("triton")
-    from moe_triton import configs
+    from moe_triton import kernel_configs
     from moe_triton.tune import write_table
 
-    key = configs.table_key("mxfp4", 128, 2880, 2880, 4)
-    a = configs.KernelConfig(16, configs.GemmConfig(32, 64, 1, 4, 4), configs.GemmConfig(64, 64, 1, 4, 4), 1)
-    b = configs.KernelConfig(128, configs.GemmConfig(128, 128, 8, 8, 3), configs.GemmConfig(128, 64, 8, 8, 3), 1)
-    c = configs.KernelConfig(16, configs.GemmConfig(64, 64, 1, 4, 4), configs.GemmConfig(64, 128, 1, 4, 4), 2)
+    key = kernel_configs.table_key("mxfp4", 128, 2880, 2880, 4)
+    a = kernel_configs.KernelConfig(
+        16, kernel_configs.GemmConfig(32, 64, 1, 4, 4), kernel_configs.GemmConfig(64, 64, 1, 4, 4), 1
+    )
+    b = kernel_configs.KernelConfig(
+        128, kernel_configs.GemmConfig(128, 128, 8, 8, 3), kernel_configs.GemmConfig(128, 64, 8, 8, 3), 1
+    )
+    c = kernel_configs.KernelConfig(
+        16, kernel_configs.GemmConfig(64, 64, 1, 4, 4), kernel_configs.GemmConfig(64, 128, 1, 4, 4), 2
+    )
     path = tmp_path / "cpu.json"
     write_table(path, "cpu", {key: {1: a}})
     write_table(path, "cpu", {key: {4096: b}})
     write_table(path, "cpu", {key: {1: c}})
     table = json.loads(path.read_text())
     assert table["device"] == "cpu" and list(table["entries"][key]) == ["1", "4096"]
-    assert configs.tuned_entry("cpu", key, str(tmp_path)) == {1: c, 4096: b}
+    assert kernel_configs.tuned_entry("cpu", key, str(tmp_path)) == {1: c, 4096: b}
 
 
 def test_tune_candidates_swap_operands_for_mxfp4_only():
@@ -193,7 +205,7 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
     pytest.importorskip("triton")
     from moe_core.synthetic import random_weights
     from moe_triton import tune
-    from moe_triton.configs import GemmConfig
+    from moe_triton.kernel_configs import GemmConfig
     from moe_triton.layout import prepare_weights
 
     gemms = [GemmConfig(32, 32, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2)]

@@ -87,7 +87,7 @@ while [ $# -gt 0 ]; do
       done
       timeout "${TUNE_TIMEOUT:-300}" python3 -m moe_core.cli tune triton --scheme "$scheme" "${presets[@]}" \
         --tokens "${TUNE_TOKENS:-1,8,64,512,4096}" 2>&1 | tail -60
-      cp plugins/triton-moe/src/moe_triton/configs/*.json "$OUT/" 2>/dev/null ;;
+      cp plugins/triton-moe/src/moe_triton/kernel_configs/*.json "$OUT/" 2>/dev/null ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done

@@ -1,7 +1,7 @@
 """Which launch of the `triton` forward costs what: per-kernel GPU time next to the CUDA-graph time.
 
 For each (preset, scheme, M) the forward is run eagerly under ``torch.profiler`` (CUDA activity only) to get
-every kernel's device time per forward, then captured in a CUDA graph and replayed (``moe_core.bench``) for
+every kernel's device time per forward, then captured in a CUDA graph and replayed (``moe_core.timing``) for
 the time a user sees. ``graph - sum(kernels)`` is what the launches cost beyond their kernels' run time
 (gaps between dependent kernels, ramp-up/tail). Needs a CUDA GPU; writes JSON with ``--output``.
 
@@ -39,7 +39,7 @@ def make_forward(preset: str, scheme: str, m: int):
 def profile_row(preset: str, scheme: str, m: int, repeat: int = 20) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from moe_core.bench import time_forward
+    from moe_core.timing import time_forward
 
     device = torch.device("cuda")
     forward = make_forward(preset, scheme, m)

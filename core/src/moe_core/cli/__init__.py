@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def _plugin_environment(args):
     """The plugin options as their environment variables (read at each use) for this command only."""
-    from moe_core.settings import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
+    from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 
     wanted = {
         ALLOW_VAR: args.plugins,

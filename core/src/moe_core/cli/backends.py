@@ -27,8 +27,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from moe_core.filters import PluginFilters
     from moe_core.plugins import default_registry
-    from moe_core.settings import PluginFilters
 
     registry = default_registry()
     rows = registry.describe(check=args.check)

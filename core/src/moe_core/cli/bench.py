@@ -62,10 +62,10 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from moe_core.bench import bench_row, measure_ceilings
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_weights
+    from moe_core.timing import bench_row, measure_ceilings
 
     device = resolve_device(args)
     on_gpu = device.type == "cuda"

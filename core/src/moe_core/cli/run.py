@@ -66,10 +66,10 @@ def build_config(args):
 
 def run(args) -> int:
 
-    from moe_core.bench import time_forward
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_inputs, random_weights
+    from moe_core.timing import time_forward
 
     if len(args.tokens) != 1 or args.repeat < 1:
         raise InvalidInputError("moe run takes one token count (--tokens 16) and --repeat >= 1")

@@ -12,6 +12,7 @@ leading dims, on CPU and CUDA, fully vectorised:
 
 from __future__ import annotations
 
+from moe_core.quant.codec import dequantize_expert, dequantize_projection, dequantize_weights, quantize_weights
 from moe_core.quant.fp4 import e2m1_to_float, float_to_e2m1, pack_fp4, unpack_fp4
 from moe_core.quant.fp8 import (
     dequantize_fp8_block,
@@ -21,7 +22,6 @@ from moe_core.quant.fp8 import (
 )
 from moe_core.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from moe_core.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from moe_core.quant.weights import dequantize_expert, dequantize_projection, dequantize_weights, quantize_weights
 
 __all__ = [
     "dequantize_expert",

@@ -24,12 +24,12 @@ import torch
 
 from moe_core.config import MoeConfig
 from moe_core.errors import BackendUnavailableError
-from moe_core.layouts import swap_gate_up, swizzle_128x4
+from moe_core.layout import swap_gate_up, swizzle_128x4
 from moe_core.quant.fp4 import E2M1_MAX
 from moe_core.quant.nvfp4 import E4M3_MAX
 from moe_core.weights import MoeWeights
-from moe_cutlass_fp4 import environment
-from moe_cutlass_fp4.arch import MODULES
+from moe_cutlass_fp4 import requirements
+from moe_cutlass_fp4.devices import MODULES
 
 #: amax / AMAX_TO_SCALE is moe-core's dynamic global scale (``moe_core.quant.nvfp4.default_global_scale``)
 AMAX_TO_SCALE = E4M3_MAX * E2M1_MAX
@@ -43,11 +43,11 @@ def load() -> SimpleNamespace:
         raise BackendUnavailableError(
             f"cutlass_fp4: importing flashinfer failed ({type(exc).__name__}: {exc})"
         ) from exc
-    version = environment.flashinfer_version()
+    version = requirements.flashinfer_version()
     imported = str(getattr(flashinfer, "__version__", "?"))
     if version is None or imported.split("+")[0] != version.public:
         raise BackendUnavailableError(
-            f"cutlass_fp4: the imported flashinfer reports {imported} but the installed {environment.DISTRIBUTION} "
+            f"cutlass_fp4: the imported flashinfer reports {imported} but the installed {requirements.DISTRIBUTION} "
             f"metadata says {version}"
         )
     try:
@@ -57,8 +57,8 @@ def load() -> SimpleNamespace:
     except AttributeError as exc:
         raise BackendUnavailableError(f"cutlass_fp4: flashinfer {imported} lacks {exc.name}") from exc
     takes_4over6 = "nvfp4_4over6" in inspect.signature(fn).parameters
-    if environment.four_over_six_switches() and not takes_4over6:
-        raise BackendUnavailableError(f"cutlass_fp4: {environment.check_recipe(version).reason}")
+    if requirements.four_over_six_switches() and not takes_4over6:
+        raise BackendUnavailableError(f"cutlass_fp4: {requirements.check_recipe(version).reason}")
     return SimpleNamespace(
         version=version,
         cutlass_fused_moe=fn,

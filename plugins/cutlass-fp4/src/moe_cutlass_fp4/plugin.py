@@ -16,6 +16,6 @@ def moe_api_version() -> int:
 
 @hookimpl
 def moe_fused_ops() -> list:
-    from moe_cutlass_fp4.op import CutlassFp4FusedOp
+    from moe_cutlass_fp4.fused_op import CutlassFp4FusedOp
 
     return [CutlassFp4FusedOp]

@@ -21,6 +21,6 @@ def moe_api_version() -> int:
 
 @hookimpl
 def moe_fused_ops() -> list:
-    from moe_flashinfer_mxfp4.op import FlashInferMxfp4FusedOp
+    from moe_flashinfer_mxfp4.fused_op import FlashInferMxfp4FusedOp
 
     return [FlashInferMxfp4FusedOp]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import Support
 from moe_core.requirements import distribution_version
-from moe_flashinfer_mxfp4 import devices, flashinfer_api, sm90_engine
+from moe_flashinfer_mxfp4 import devices, kernel, sm90_engine
 
 #: measured on an H200 host, 16 cores, flashinfer 0.7.4, CUDA 13.0: 36 units in 9.5 min
 SM90_UNITS_PER_MINUTE = 36 / 9.5
@@ -140,11 +140,11 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
     for reason in reasons:
         progress(f"skipped {reason}")
     progress("importing flashinfer (a few seconds)")
-    fi = flashinfer_api.load()
+    fi = kernel.load()
     _prebuilt_status(fi.version, progress)
     done = []
     if devices.SM90_CUTLASS in paths:
-        flashinfer_api.verify_sm90_layout(fi)
+        kernel.verify_sm90_layout(fi)
         progress(f"flashinfer {fi.version}: SM90 W4A16 layout verified (v2 by version and by probe)")
         engine = sm90_engine.choose(fi)
         progress(f"SM90 kernels: {engine.describe()}")
@@ -157,7 +157,7 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
                 build_with_progress(spec, progress, units_per_minute=SM90_UNITS_PER_MINUTE, measured=SM90_MEASURED)
             )
     if devices.SM100_TRTLLM in paths:
-        flashinfer_api.verify_trtllm_rows(fi)
+        kernel.verify_trtllm_rows(fi)
         progress("generating the trtllm-gen module spec (fetches kernel cubins unless flashinfer-cubin is installed)")
         try:
             spec = fi.gen_trtllm_gen_fused_moe_sm100_module()

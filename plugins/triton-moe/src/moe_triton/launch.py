@@ -7,7 +7,7 @@ epilogue -> sum over the k slots (skipped when k == 1). With split-K (decode)
 either GEMM writes fp32 partials to a workspace sized from the shapes alone and
 the last program of each tile reduces them (arrival counters that the
 alignment zeroes), so the launch count is unchanged. With
-``configs.PDL`` every kernel is launched with programmatic dependent launch
+``kernel_configs.PDL`` every kernel is launched with programmatic dependent launch
 (``pdl_kwargs``) and waits for its predecessor in its first statement. Registered as
 a custom op with a fake implementation so ``torch.compile(fullgraph=True)``
 treats the whole forward as one opaque node.
@@ -24,8 +24,8 @@ import functools
 import torch
 import triton
 
-from moe_triton import configs
-from moe_triton.configs import GemmConfig, KernelConfig, resolve_split_k, sanitize, select_config
+from moe_triton import kernel_configs
+from moe_triton.kernel_configs import GemmConfig, KernelConfig, resolve_split_k, sanitize, select_config
 from moe_triton.kernels import align as align_mod
 from moe_triton.kernels import gemm
 from moe_triton.kernels.operands import HAS_PDL
@@ -58,14 +58,14 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
-    """Inline-PTX MXFP4 decode: enabled (``configs.MXFP4_DECODE_ASM``, default on), CUDA, bf16 activations."""
-    return configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
+    """Inline-PTX MXFP4 decode: enabled (``kernel_configs.MXFP4_DECODE_ASM``, default on), CUDA, bf16 activations."""
+    return kernel_configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
 
 
 def pdl_kwargs(device: torch.device) -> dict:
-    """Launch keywords for programmatic dependent launch (``configs.PDL``; CUDA SM90+ with Triton's
+    """Launch keywords for programmatic dependent launch (``kernel_configs.PDL``; CUDA SM90+ with Triton's
     grid-dependency intrinsics), else none: every kernel of the forward takes them."""
-    if configs.PDL and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
+    if kernel_configs.PDL and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
         return {"PDL": True, "launch_pdl": True}
     return {}
 
@@ -77,7 +77,7 @@ def _sm90_or_newer(device: torch.device) -> bool:
 
 def _swap_ab(scheme: str, g: GemmConfig) -> bool:
     """Swapped operands where asked for and implemented (the tuner passes configs that skip ``sanitize``)."""
-    return g.swap_ab and configs.swap_ab_supported(scheme)
+    return g.swap_ab and kernel_configs.swap_ab_supported(scheme)
 
 
 def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, int, int]):
@@ -225,7 +225,7 @@ def run_fused_moe(
     sorted_ids, block_expert, offsets = align_mod.align(ids, num_experts, cfg.block_m, pdl, zero=counters)
     topk_weights = topk_weights.reshape(-1).contiguous()
     intermediate = torch.empty(n_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
-    a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and configs.FP8_PREQUANT else (x, None)
+    a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and kernel_configs.FP8_PREQUANT else (x, None)
     launch_gemm1(a, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
                  scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split,
                  a_scale, pdl, scratch1)  # fmt: skip

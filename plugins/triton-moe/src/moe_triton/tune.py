@@ -25,7 +25,7 @@ import torch
 import triton
 
 from moe_triton import launch
-from moe_triton.configs import (
+from moe_triton.kernel_configs import (
     GemmConfig,
     KernelConfig,
     device_slug,

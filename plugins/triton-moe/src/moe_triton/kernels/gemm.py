@@ -107,7 +107,7 @@ def _gemm1(
     N-tile program; the same codes and scales, so the same result.
 
     ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
-    transposed back once before the epilogue (see ``configs.GemmConfig.swap_ab``).
+    transposed back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``).
     """
     _pdl_start(PDL)
     num_n = tl.cdiv(N_HALF, BLOCK_N)

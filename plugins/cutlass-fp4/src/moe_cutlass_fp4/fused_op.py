@@ -10,7 +10,7 @@ from moe_core.config import MoeProblem
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import FusedOp, Support
 from moe_core.weights import MoeWeights
-from moe_cutlass_fp4 import arch, environment, kernel
+from moe_cutlass_fp4 import devices, kernel, requirements
 
 
 class CutlassFp4FusedOp(FusedOp):
@@ -33,21 +33,21 @@ class CutlassFp4FusedOp(FusedOp):
     def probe(cls, problem: MoeProblem | None) -> Support:
         if problem is None:
             caps = {tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())}
-            reasons = [arch.reason(c) for c in sorted(caps)]
+            reasons = [devices.reason(c) for c in sorted(caps)]
             if caps and all(reasons):
                 return Support.no("; ".join(reasons))
         else:
-            why = arch.reason(arch.device_capability(problem.device))
+            why = devices.reason(devices.device_capability(problem.device))
             if why:
                 return Support.no(why)
-        return environment.check()
+        return requirements.check()
 
     def __init__(self, problem: MoeProblem) -> None:
         super().__init__(problem)
         support = type(self).check(problem)
         if not support:
             raise BackendUnavailableError(f"cutlass_fp4 cannot run this problem: {support.reason}")
-        self.fc2_input_scale, _ = environment.fc2_input_scale()
+        self.fc2_input_scale, _ = requirements.fc2_input_scale()
         self._fi = kernel.load()
         self._kernel = self._fi.cutlass_fused_moe
 
@@ -82,13 +82,13 @@ class CutlassFp4FusedOp(FusedOp):
         here = cls._device_present()
         if not here:
             return here
-        software = environment.check_flashinfer()
+        software = requirements.check_flashinfer()
         if not software:
             return software
         caps = sorted({tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())})
-        wanted = {arch.MODULES[c] for c in caps if c in arch.MODULES}
+        wanted = {devices.MODULES[c] for c in caps if c in devices.MODULES}
         if not wanted:
-            return Support.no("; ".join(arch.reason(c) for c in caps))
+            return Support.no("; ".join(devices.reason(c) for c in caps))
         say("importing flashinfer (a few seconds)")
         fi = kernel.load()
         done = []

@@ -19,7 +19,7 @@ from moe_core.config import MoeProblem
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import FusedOp, Support
 from moe_core.weights import MoeWeights
-from moe_flashinfer_mxfp4 import devices, flashinfer_api, padding, sm90_engine, versions
+from moe_flashinfer_mxfp4 import devices, kernel, padding, requirements, sm90_engine
 
 
 class FlashInferMxfp4FusedOp(FusedOp):
@@ -59,7 +59,7 @@ class FlashInferMxfp4FusedOp(FusedOp):
             path, reason = devices.path_for_device(problem.device)
             if path is None:
                 return Support.no(reason)
-        return versions.check()
+        return requirements.check()
 
     @classmethod
     def path(cls, device: torch.device) -> str:
@@ -76,17 +76,17 @@ class FlashInferMxfp4FusedOp(FusedOp):
         if not support:
             raise BackendUnavailableError(f"flashinfer_mxfp4 cannot run this problem: {support.reason}")
         self.kernel_path = type(self).path(problem.device)
-        self._fi = flashinfer_api.load()
+        self._fi = kernel.load()
         #: the layer at FlashInfer's 128-multiples (``padding``); equal to ``self.config`` when already aligned
         self._padded = padding.padded_config(self.config)
         #: SM90 only: which FlashInfer module runs the kernels (slim W4A16 or full fused_moe_90), and why
         self.sm90_engine: sm90_engine.Engine | None = None
         if self.kernel_path == devices.SM90_CUTLASS:
-            self.layout = flashinfer_api.verify_sm90_layout(self._fi)
+            self.layout = kernel.verify_sm90_layout(self._fi)
             self.sm90_engine = sm90_engine.choose(self._fi)
             self._cold_build_notice()
         else:
-            self.layout = flashinfer_api.verify_trtllm_rows(self._fi)
+            self.layout = kernel.verify_trtllm_rows(self._fi)
 
     def _cold_build_notice(self) -> None:
         try:
@@ -107,8 +107,8 @@ class FlashInferMxfp4FusedOp(FusedOp):
                 if self.sm90_engine is not None and self.sm90_engine.kind == sm90_engine.SLIM:
                     if not hasattr(self._fi, "slim_module"):  # build (if needed) and load once per op
                         self._fi = sm90_engine.slim_namespace(self._fi)
-                return flashinfer_api.prepare_sm90(config, weights, self._fi)
-            return flashinfer_api.prepare_sm100(config, weights, self._fi)
+                return kernel.prepare_sm90(config, weights, self._fi)
+            return kernel.prepare_sm100(config, weights, self._fi)
         except Exception as exc:
             if type(exc).__name__ == "MissingJITCacheError":
                 raise BackendUnavailableError(
@@ -132,9 +132,9 @@ class FlashInferMxfp4FusedOp(FusedOp):
             x = padding.pad_input(x, hidden_p)
             target = torch.empty(m, hidden_p, dtype=torch.bfloat16, device=x.device)
         if self.kernel_path == devices.SM90_CUTLASS:
-            result = self._fi.cutlass_fused_moe(**flashinfer_api.sm90_kwargs(self._fi, prepared, x, ids, w, target))
+            result = self._fi.cutlass_fused_moe(**kernel.sm90_kwargs(self._fi, prepared, x, ids, w, target))
         else:
-            kwargs = flashinfer_api.sm100_kwargs(self._fi, prepared, self._padded, x, ids, w, target)
+            kwargs = kernel.sm100_kwargs(self._fi, prepared, self._padded, x, ids, w, target)
             result = self._fi.trtllm_fp4_block_scale_routed_moe(**kwargs)
         _into(target, result)
         if target is not out:

@@ -186,7 +186,7 @@ def _load_table(slug: str, directory: str | None) -> dict:
     if directory is not None:
         path = Path(directory) / f"{slug}.json"
         return json.loads(path.read_text()) if path.exists() else {}
-    ref = resources.files("moe_triton.configs") / f"{slug}.json"
+    ref = resources.files("moe_triton.kernel_configs") / f"{slug}.json"
     return json.loads(ref.read_text()) if ref.is_file() else {}
 
 

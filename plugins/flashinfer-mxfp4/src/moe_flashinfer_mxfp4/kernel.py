@@ -21,9 +21,9 @@ from packaging.version import Version
 
 from moe_core.config import MoeConfig
 from moe_core.errors import BackendUnavailableError
-from moe_core.layouts import swap_gate_up
+from moe_core.layout import swap_gate_up
 from moe_core.weights import MoeWeights
-from moe_flashinfer_mxfp4 import layouts, versions
+from moe_flashinfer_mxfp4 import layout, requirements
 
 #: trtllm-gen's epilogue tile along M; sets the row shuffle (blocks of 32 rows)
 EPILOGUE_TILE_M = 128
@@ -41,11 +41,11 @@ def load() -> SimpleNamespace:
             f"flashinfer_mxfp4: importing flashinfer failed ({type(exc).__name__}: {exc})"
         ) from exc
     imported = Version(str(getattr(flashinfer, "__version__", "0")))
-    metadata = versions.installed()
+    metadata = requirements.installed()
     if metadata is None or imported.public != metadata.public:
         raise BackendUnavailableError(
             f"flashinfer_mxfp4: the imported flashinfer reports version {imported} but the installed "
-            f"{versions.DISTRIBUTION} metadata says {metadata}; refusing to guess which layouts it expects"
+            f"{requirements.DISTRIBUTION} metadata says {metadata}; refusing to guess which layouts it expects"
         )
     names = {
         "cutlass_fused_moe": fused_moe,
@@ -67,7 +67,7 @@ def load() -> SimpleNamespace:
     if missing:
         raise BackendUnavailableError(
             f"flashinfer_mxfp4: flashinfer {imported} lacks {', '.join(missing)}; supported: "
-            f"{versions.DISTRIBUTION}{versions.SUPPORTED}"
+            f"{requirements.DISTRIBUTION}{requirements.SUPPORTED}"
         )
     sf_layout = getattr(flashinfer, "SfLayout", None)
     return SimpleNamespace(
@@ -90,9 +90,9 @@ def has_param(fn, name: str) -> bool:
 # ---- layout verification (bind time) -----------------------------------------------------------
 def verify_sm90_layout(fi) -> str:
     """The SM90 layout family, established by version AND by probing the installed helper; fail closed."""
-    by_version = versions.sm90_layout_family(fi.version)
-    by_probe = layouts.detect_sm90_layout(fi.interleave_moe_scales_for_sm90_mixed_gemm)
-    if by_version != versions.LAYOUT_V2 or by_probe != versions.LAYOUT_V2:
+    by_version = requirements.sm90_layout_family(fi.version)
+    by_probe = layout.detect_sm90_layout(fi.interleave_moe_scales_for_sm90_mixed_gemm)
+    if by_version != requirements.LAYOUT_V2 or by_probe != requirements.LAYOUT_V2:
         raise BackendUnavailableError(
             f"flashinfer_mxfp4: flashinfer {fi.version} ships SM90 W4A16 layout {by_version!r} by its version, and "
             f"its interleave_moe_scales_for_sm90_mixed_gemm produces layout {by_probe!r}; this backend prepares "
@@ -102,7 +102,7 @@ def verify_sm90_layout(fi) -> str:
 
 
 def verify_trtllm_rows(fi) -> str:
-    problem = layouts.check_trtllm_row_shuffle(fi.reorder_rows_for_gated_act_gemm, fi.shuffle_matrix_a)
+    problem = layout.check_trtllm_row_shuffle(fi.reorder_rows_for_gated_act_gemm, fi.shuffle_matrix_a)
     if problem:
         raise BackendUnavailableError(
             f"flashinfer_mxfp4: flashinfer {fi.version}: {problem}; refusing to prepare trtllm-gen weights"
