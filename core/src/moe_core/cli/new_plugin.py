@@ -196,7 +196,7 @@ def run(args) -> int:
     for cmd, comment in steps:
         print(f"  {cmd.ljust(width)}  # {comment}")
     print(
-        f"then implement {shown}/src/{names.package}/ops.py, set IMPLEMENTED = True there, "
+        f"then implement {shown}/src/{names.package}/fused_op.py, set IMPLEMENTED = True there, "
         f"and run 'moe check {names.backend}'."
     )
     return 0
