@@ -443,7 +443,7 @@ def test_build_compiles_stubs_links_and_reports(tmp_path, monkeypatch):
     out = tmp_path / "toy"
     spec = ToySpec("toy", [a, b], out, out / "build.ninja", out / "toy.so")
     found = sources.SlimSources(spec=spec, generated=(a,), kept=(b,), dropped=(), instantiations=1, left_out=0)
-    monkeypatch.setattr(slim_build.slim_sources_mod, "slim_sources", lambda group_size=4: found)
+    monkeypatch.setattr(slim_build.sources, "slim_sources", lambda group_size=4: found)
     lines = []
     report = slim_build.build(progress=lines.append, jobs=2)
     assert Path(report.library).exists() and report.stubs == 1 and report.compiled_now == 2

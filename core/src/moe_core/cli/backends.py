@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from moe_core.cli._console import stdout_console as _console
+from moe_core.cli._console import stdout_console
 
 
 def register(sub) -> None:
@@ -68,7 +68,7 @@ def _print_table(rows, checked: bool) -> None:
     for r in rows:
         style = _STYLE.get(r.status, "")
         table.add_row(r.name, r.distribution, r.version, f"[{style}]{r.status}[/]" if style else r.status, r.reason)
-    console = _console()
+    console = stdout_console()
     if not rows:
         console.print("no moe runner backends are installed (not even moe-core's torch backend?)")
         return

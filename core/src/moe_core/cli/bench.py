@@ -6,7 +6,7 @@ import datetime
 import json
 import platform
 
-from moe_core.cli._console import stdout_console as _console
+from moe_core.cli._console import stdout_console
 from moe_core.cli._options import add_device, add_dtype, add_tokens, resolve_device, token_counts
 from moe_core.dtypes import float_dtype
 from moe_core.presets import MODEL_PRESETS, PRESETS, TOY_PRESETS
@@ -159,7 +159,7 @@ def _print(document, rows) -> None:
             f"{r.achieved_gb_s:.0f}",
             f"{r.roofline_fraction:.1%}",
         )
-    _console().print(table)
+    stdout_console().print(table)
 
 
 def _plot(rows, path, document) -> None:

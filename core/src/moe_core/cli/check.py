@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from moe_core.cli._console import stdout_console as _console
+from moe_core.cli._console import stdout_console
 from moe_core.cli._options import add_device
 
 
@@ -84,7 +84,7 @@ def _print(args, conf, results, counts) -> None:
 
     from moe_core.testing.cases import FAILED, PASSED
 
-    console = _console()
+    console = stdout_console()
     shown = results if args.verbose else [r for r in results if r.status == FAILED]
     if shown:
         table = Table(title=f"moe check {args.backend}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from moe_core.cli._console import stdout_console as _console
+from moe_core.cli._console import stdout_console
 from moe_core.cli._options import add_device, add_dtype, add_tokens, resolve_device
 from moe_core.dtypes import float_dtype
 from moe_core.presets import PRESETS
@@ -125,4 +125,4 @@ def _print(report: dict) -> None:
         if key == "verified":
             value = "[green]yes[/]" if value else "[red]NO[/]"
         table.add_row(key, str(value))
-    _console().print(table)
+    stdout_console().print(table)

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from moe_flashinfer_mxfp4.slim import sources as slim_sources_mod
-from moe_flashinfer_mxfp4.slim import stubs as stubs_mod
+from moe_flashinfer_mxfp4.slim import sources, stubs
 
 STUB_SOURCE_NAME = "moe_w4a16_missing_symbols.cpp"
 REPORT_NAME = "moe_slim_build.json"
@@ -55,7 +54,7 @@ def library_path() -> Path:
     """Where the slim module's shared library lives for the installed FlashInfer (no sources generated)."""
     from flashinfer.jit import env as jit_env
 
-    name = slim_sources_mod.SLIM_MODULE_NAME
+    name = sources.SLIM_MODULE_NAME
     return Path(jit_env.FLASHINFER_JIT_DIR) / name / f"{name}.so"
 
 
@@ -74,7 +73,7 @@ def _ninja() -> str:
         pass
     path = shutil.which("ninja")
     if path is None:
-        raise stubs_mod.StubError("ninja is needed to build the slim module (pip install ninja)")
+        raise stubs.StubError("ninja is needed to build the slim module (pip install ninja)")
     return path
 
 
@@ -110,18 +109,18 @@ def _slowest(build_dir: Path, top: int = 5) -> list:
 
 
 def build(
-    progress: Callable[[str], None] = print, jobs: int | None = None, group_size: int = slim_sources_mod.GROUP_SIZE
+    progress: Callable[[str], None] = print, jobs: int | None = None, group_size: int = sources.GROUP_SIZE
 ) -> SlimBuildReport:
     """Generate, compile, stub, link; returns the report (also written next to the library as JSON)."""
     import flashinfer
 
     jobs = jobs or int(os.environ.get("MAX_JOBS") or 0) or (os.cpu_count() or 1)
     started = time.monotonic()
-    found = slim_sources_mod.slim_sources(group_size)
+    found = sources.slim_sources(group_size)
     spec = found.spec
     spec.write_ninja()
     build_dir = Path(spec.build_dir)
-    objects = stubs_mod.compiled_objects(Path(spec.ninja_path))
+    objects = stubs.compiled_objects(Path(spec.ninja_path))
     missing_before = sum(1 for o in objects if not o.exists())
     progress(
         f"{spec.name}: {len(objects)} compile units ({len(found.generated)} generated files holding "
@@ -130,12 +129,12 @@ def build(
     )
     _run_ninja(build_dir, [str(o) for o in objects], jobs, progress)
     stub_path = build_dir / STUB_SOURCE_NAME
-    stubbed = stubs_mod.write_stubs(objects, stub_path, found.left_out)
+    stubbed = stubs.write_stubs(objects, stub_path, found.left_out)
     progress(
         f"{len(stubbed)} symbols stubbed (they raise if ever called): other dtype combinations' runners and the "
         f"{found.left_out} GEMM schedule twins FlashInfer's SM90 heuristic never offers"
     )
-    linked = slim_sources_mod.with_extra_source(spec, stub_path)
+    linked = sources.with_extra_source(spec, stub_path)
     linked.write_ninja()
     _run_ninja(build_dir, [], jobs, progress)
     library = Path(linked.jit_library_path)

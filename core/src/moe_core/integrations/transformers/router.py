@@ -1,0 +1,77 @@
+"""The routing of a converted block (``HFRouter``) and the converted block itself (``HFMoe``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from moe_core.config import MoeConfig
+from moe_core.errors import InvalidInputError
+from moe_core.weights import MoeWeights
+
+
+class HFRouter:
+    """The routing of a transformers MoE block, reproduced with ``moe_core.routing``.
+
+    ``router(hidden_states)`` takes ``[M, H]`` (any leading dims are flattened)
+    and returns ``(topk_ids int32 [M, k], topk_weights float32 [M, k])``.
+    Logits come from the block's own gate parameters (referenced, not copied, so
+    they follow the block), computed in the gate weight's dtype as the block
+    does, or in float32 where the block does that (DeepSeek-V3).
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        *,
+        float32_logits: bool = False,
+        description: str = "",
+    ) -> None:
+        self.weight = weight.detach()
+        self.bias = None if bias is None else bias.detach()
+        self.route = route
+        self.float32_logits = float32_logits
+        self.description = description
+
+    @property
+    def num_experts(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.weight.shape[1]
+
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Router logits ``[M, E]`` exactly as the block's gate computes them."""
+        if hidden_states.shape[-1] != self.hidden_size:
+            raise InvalidInputError(
+                f"hidden_states last dim is {hidden_states.shape[-1]}, the router expects {self.hidden_size}"
+            )
+        x = hidden_states.reshape(-1, self.hidden_size)
+        w, b = self.weight, self.bias
+        if self.float32_logits:
+            x, w = x.float(), w.float()
+            b = None if b is None else b.float()
+        else:
+            x = x.to(w.dtype)
+        return F.linear(x, w, b)
+
+    @torch.no_grad()
+    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.route(self.logits(hidden_states))
+
+    def __repr__(self) -> str:
+        return f"HFRouter(E={self.num_experts}, H={self.hidden_size}, {self.description})"
+
+
+class HFMoe(NamedTuple):
+    """A converted block: unpack as ``config, weights, router = from_hf_block(block)``."""
+
+    config: MoeConfig
+    weights: MoeWeights
+    router: HFRouter
