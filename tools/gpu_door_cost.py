@@ -1,6 +1,7 @@
 """The runner's door on a GPU: what the per-forward checks cost, and that bad ids are harmless.
 
-Run on the H200 (``tools/gpu_door.sh``); writes one JSON file.
+Run on a GPU through ``bash tools/gpu.sh door-cost [--parts ...]`` (or directly: ``--output FILE``);
+writes one JSON file.
 
 1. ``door``: host time of one ``runner(x, ids, tw, out=out)`` whose bound ``apply`` is a no-op returning
    ``out`` — everything the runner does around the kernel (input metadata checks, the ``out`` overlap

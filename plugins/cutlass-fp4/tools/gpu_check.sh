@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
-# moe-cutlass-fp4 on the lent H200. The H200 is SM90: it has NO NVFP4 CUTLASS path, so this script checks what an
-# SM90 machine can: the support reason (Hopper, precisely), that an explicit request lists the torch backend as
-# usable, the CPU-safe tests, and moe-core's 128x4 scale swizzle against FlashInfer's own CUDA block_scale_interleave
-# (builds the small fp4_quantization_90 JIT module, 7 sources, a few minutes). No SM100 result is claimed anywhere.
+# moe-cutlass-fp4 on a CUDA machine. The lent H200 is SM90: it has NO NVFP4 CUTLASS path, so this checks what an
+# SM90 machine can; no SM100 result is claimed anywhere. Writes into $OUT. Reached through the one entry point:
+# bash tools/gpu.sh cutlass:check; standalone: bash plugins/cutlass-fp4/tools/gpu_check.sh [check] (installs core +
+# plugin and the .whl/ wheels first, unless MOE_SKIP_INSTALL is set).
 #
 # flashinfer is carried as wheels in .whl/ (see plugins/flashinfer-mxfp4/tools/gpu_check.sh: flashinfer_python
 # 0.6.18 <= v < 0.8 within the 64 MiB carry, e.g. 0.6.18.post1 or 0.7.0.post1, plus apache_tvm_ffi for cp312).
-# Usage: bash plugins/cutlass-fp4/tools/gpu_check.sh
+
+help() {
+  cat <<'HELP'
+check          the support reason on this GPU (Hopper, precisely) and that an explicit request lists the
+               torch backend as usable -> cutlass-fp4-support.txt; moe-core's 128x4 scale swizzle against
+               FlashInfer's own CUDA block_scale_interleave (builds the small fp4_quantization_90 JIT
+               module, 7 sources, a few minutes) -> swizzle-vs-block_scale_interleave.txt; the plugin's
+               tests -> pytest-cutlass-fp4.txt
+HELP
+}
+STEPS="check"
+case "${1:-check}" in
+  --help | -h) help; exit 0 ;;
+  --steps) echo "$STEPS"; exit 0 ;;
+  check) ;;
+  *) echo "unknown step $1 (steps: $STEPS)"; exit 2 ;;
+esac
+
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,15 +31,19 @@ SITE=${SITE:-/tmp/site}
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}
 export MAX_JOBS=${MAX_JOBS:-16}
 PLUGIN=plugins/cutlass-fp4
+status=0
+fail() { echo "FAILED: $*"; status=1; }
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    2>&1 | tail -2
+if [ -z "${MOE_SKIP_INSTALL:-}" ]; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+      2>&1 | tail -2
+  fi
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -m pip install -q --no-deps --no-build-isolation -e core -e "$PLUGIN" 2>&1 | tail -2
 fi
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-deps --no-build-isolation -e core -e "$PLUGIN" 2>&1 | tail -2
 
-python3 - <<'PY' 2>&1 | tee "$OUT/cutlass-fp4-support.txt"
+python3 - <<'PY' 2>&1 | tee "$OUT/cutlass-fp4-support.txt" || fail "support check"
 import os, torch, importlib.metadata as md
 from moe_core import MoeConfig, MoeProblem
 from moe_core.errors import BackendUnavailableError
@@ -39,11 +60,12 @@ for opted in (False, True):
 try:
     select(problem, "cutlass_fp4")
     print("UNEXPECTED: cutlass_fp4 was selected on", torch.cuda.get_device_name())
+    raise SystemExit(1 if torch.cuda.get_device_capability() < (10, 0) else 0)
 except BackendUnavailableError as exc:
     print("explicit request:", exc)
 PY
 
-python3 - <<'PY' 2>&1 | tee "$OUT/swizzle-vs-block_scale_interleave.txt"
+python3 - <<'PY' 2>&1 | tee "$OUT/swizzle-vs-block_scale_interleave.txt" || fail "swizzle against block_scale_interleave"
 import time, torch, flashinfer
 from moe_core.layout import swizzle_128x4
 t = time.perf_counter()
@@ -56,7 +78,9 @@ for shape in [(128, 4), (256, 16), (200, 9), (4, 256, 16), (3, 384, 36), (8, 512
     ok &= same
     print(shape, "equal" if same else f"DIFFERENT ({(ref != mine).sum().item()} bytes)")
 print("swizzle_128x4 == flashinfer.block_scale_interleave:", ok, f"({time.perf_counter() - t:.0f}s incl. JIT build)")
+raise SystemExit(0 if ok else 1)
 PY
 
 python3 -m pytest "$PLUGIN/tests" -q -rs -p no:cacheprovider 2>&1 | tail -8 \
-  | tee "$OUT/pytest-cutlass-fp4.txt"
+  | tee "$OUT/pytest-cutlass-fp4.txt" || fail "plugin tests"
+exit $status

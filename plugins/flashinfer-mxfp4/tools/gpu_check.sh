@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
-# moe-flashinfer-mxfp4 on the lent H200 (SM90; torch 2.11+cu130, Python 3.12, nvcc 13.0, NO network).
+# moe-flashinfer-mxfp4 on a CUDA machine (the lent H200: SM90; torch 2.11+cu130, Python 3.12, nvcc 13.0, NO
+# network). Writes into $OUT. Reached through the one entry point: bash tools/gpu.sh flashinfer:STEP [ARGS]
+# (each step in its own folder); standalone: bash plugins/flashinfer-mxfp4/tools/gpu_check.sh [STEP [ARGS] ...]
+# (installs core + plugin and the .whl/ wheels first, unless MOE_SKIP_INSTALL is set; no step = check).
 #
-# flashinfer is not on that image: carry it as wheels in .whl/ (repo root) and they are installed here with
+# flashinfer is not on that image: carry it as wheels in .whl/ (repo root) and they are installed with
 # `pip install --no-index --no-deps --target $SITE`. Needed: flashinfer_python-<v>-py3-none-any.whl with
 # 0.6.18 <= v < 0.8 and apache_tvm_ffi-<...>-cp312-*manylinux*.whl (flashinfer imports tvm_ffi; the rest of its
 # requirements are on the image or optional at import: nvidia-cutlass-dsl, cudnn-frontend, nccl4py, cuda-tile
 # were checked to be unneeded for `import flashinfer.fused_moe`). The carry limit is 64 MiB: 0.7.4 (101 MB) does
 # not fit; 0.6.18.post1 (18 MB) or 0.7.0.post1 (34 MB) do.
-#
-# Steps (each fits one 10-minute device call; run them in order in one warm session):
-#   check        install, versions, `moe backends --check`, bind the op on the real H200 (imports flashinfer, runs the
-#                layout probe: v2 by version AND by the installed helper), the CPU-safe plugin tests (pretend-device
-#                tests included; the conformance module and the fresh-venv test are left out here)
-#   build [S]    `moe warmup flashinfer_mxfp4` for at most S seconds (default 540): FlashInfer's JIT build of
-#                fused_moe_90 with progress lines and the ETA. A full cold build is ~249 ninja steps, ~1 hour on 16
-#                cores (36 units took 9.5 min), so it does NOT finish in one call or in one 30-minute device session;
-#                ninja resumes from the objects already in $FLASHINFER_WORKSPACE_BASE while the machine stays warm.
-#   conformance  only when fused_moe_90 is built (or prebuilt): pytest test_mxfp4_conformance.py and
-#                `moe check flashinfer_mxfp4 --json` on CUDA; otherwise says why it skipped.
-#   slim-build [S]  build the slim SM90 W4A16 module (moe_flashinfer_mxfp4.slim; MOE_FLASHINFER_MXFP4_SM90_MODULE=slim)
-#                with `moe warmup` for at most S seconds (default 560), timed; copies its report, ninja log and (if
-#                it fits the 16 MiB return limit) the library to $OUT
-#   slim-run     with the slim library built here or carried in .slim/ (a file from an earlier slim-build): the
-#                conformance suite + `moe check flashinfer_mxfp4`, then `moe bench` gpt-oss-120b mxfp4 for
-#                flashinfer_mxfp4 and triton side by side (needs plugins/triton-moe too)
-# Usage: bash plugins/flashinfer-mxfp4/tools/gpu_check.sh check [build [SECONDS]] [conformance] [slim-build [S]] [slim-run]
+
+help() {
+  cat <<'HELP'
+check          versions -> gpu.txt, `moe backends --check` -> backends-check.json, bind the op on the real
+               GPU (imports flashinfer, runs the layout probe: v2 by version AND by the installed helper)
+               -> bind.txt, the CPU-safe plugin tests (pretend-device tests included; the conformance
+               module and the fresh-venv test left out) -> pytest-cpu-safe.txt
+build [S]      `moe warmup flashinfer_mxfp4` for at most S seconds (default 540, or the step's limit less
+               30): FlashInfer's JIT build of fused_moe_90 with progress lines and the ETA -> warmup.txt. A
+               cold build is ~249 ninja steps, ~1 hour on 16 cores: it does NOT finish in one call or one
+               30-minute lease; ninja resumes from the objects in $FLASHINFER_WORKSPACE_BASE while the
+               machine stays warm
+conformance    only when fused_moe_90 is built (or prebuilt): pytest test_mxfp4_conformance.py
+               -> pytest-conformance.txt and `moe check flashinfer_mxfp4` on CUDA
+               -> check-flashinfer_mxfp4.json; otherwise says why it skipped
+slim-build [S] build the slim SM90 W4A16 module (moe_flashinfer_mxfp4.slim; MOE_FLASHINFER_MXFP4_SM90_MODULE=slim)
+               with `moe warmup` for at most S seconds (default 560, or the step's limit less 30), timed
+               -> slim-warmup.txt, moe_slim_build.json, slim-ninja_log.txt and (under 16 MB) the library
+slim-run       with the slim library built here or carried in .slim/ (a file from an earlier slim-build): the
+               conformance suite -> pytest-conformance-slim.txt, `moe bench` gpt-oss-120b mxfp4 for
+               flashinfer_mxfp4 and triton side by side -> bench-mxfp4-flashinfer-triton.json (needs
+               plugins/triton-moe too), `moe check flashinfer_mxfp4` -> check-flashinfer_mxfp4-slim.json
+HELP
+}
+STEPS="check build conformance slim-build slim-run"
+case "${1:-}" in
+  --help | -h) help; exit 0 ;;
+  --steps) tr ' ' '\n' <<< "$STEPS"; exit 0 ;;
+esac
+
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -32,9 +47,18 @@ SITE=${SITE:-/tmp/site}
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}   # JIT cache: ~/.cache/flashinfer moved
 export MAX_JOBS=${MAX_JOBS:-16}
 PLUGIN=plugins/flashinfer-mxfp4
+status=0
+fail() { echo "FAILED: $*"; status=1; }
+seconds_for() {  # the default S of a build step: DEFAULT, or the step's limit (tools/gpu.sh) less 30 when smaller
+  local s=$1
+  if [ -n "${MOE_STEP_LIMIT:-}" ] && [ $((MOE_STEP_LIMIT - 30)) -lt "$s" ]; then s=$((MOE_STEP_LIMIT - 30)); fi
+  echo "$s"
+}
 
 install() {
-  if ls .whl/*.whl >/dev/null 2>&1; then
+  if [ -n "${MOE_SKIP_INSTALL:-}" ]; then
+    return
+  elif ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
       2>&1 | tail -2
   else
@@ -60,8 +84,8 @@ PY
 }
 
 check() {
-  python3 -m moe_core.cli backends --check --json | tee "$OUT/backends-check.json"
-  python3 - <<'PY' 2>&1 | tee "$OUT/bind.txt"
+  python3 -m moe_core.cli backends --check --json | tee "$OUT/backends-check.json" || fail "moe backends --check"
+  python3 - <<'PY' 2>&1 | tee "$OUT/bind.txt" || fail "binding the op on CUDA"
 import time, torch
 from moe_core import MoeConfig, MoeProblem
 from moe_flashinfer_mxfp4 import layout
@@ -83,14 +107,16 @@ print(f"{spec.name}: {len(objs)} compile units, {sum(p.exists() for p in objs)} 
 PY
   python3 -m pytest "$PLUGIN/tests" -q -rs -p no:cacheprovider \
     --ignore="$PLUGIN/tests/test_mxfp4_conformance.py" --ignore="$PLUGIN/tests/test_mxfp4_seed_scenario.py" \
-    2>&1 | tail -12 | tee "$OUT/pytest-cpu-safe.txt"
+    2>&1 | tail -12 | tee "$OUT/pytest-cpu-safe.txt" || fail "CPU-safe tests"
 }
 
 build() {
-  local seconds=${1:-540}
+  local seconds=${1:-$(seconds_for 540)}
   echo "building for at most ${seconds}s (a cold fused_moe_90 needs ~1 hour; progress lines below)"
   timeout "$seconds" python3 -m moe_core.cli warmup flashinfer_mxfp4 2>&1 | tee "$OUT/warmup.txt" | tail -40
-  echo "warmup exit ${PIPESTATUS[0]} (124 = cut by the time limit; rerun to resume)"
+  local rc=${PIPESTATUS[0]}
+  echo "warmup exit $rc (124 = cut by the time limit; rerun to resume)"
+  [ "$rc" -eq 0 ] || status=1
 }
 
 conformance() {
@@ -104,9 +130,9 @@ sys.exit(0 if (spec.is_compiled or spec.is_aot) else 1)"; then
     return 0
   fi
   FLASHINFER_DISABLE_JIT=1 python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider \
-    2>&1 | tail -25 | tee "$OUT/pytest-conformance.txt"
-  FLASHINFER_DISABLE_JIT=1 python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4.json"
-  echo "moe check exit $?"
+    2>&1 | tail -25 | tee "$OUT/pytest-conformance.txt" || fail "conformance tests"
+  FLASHINFER_DISABLE_JIT=1 python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4.json" \
+    || fail "moe check flashinfer_mxfp4 (exit $?)"
   python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
 }
 
@@ -115,12 +141,14 @@ slim_library() {
 }
 
 slim_build() {
-  local seconds=${1:-560}
+  local seconds=${1:-$(seconds_for 560)}
   echo "slim build for at most ${seconds}s with MAX_JOBS=$MAX_JOBS ($(nproc) cores)"
   local t0; t0=$(date +%s.%N)
   MOE_FLASHINFER_MXFP4_SM90_MODULE=slim timeout "$seconds" python3 -m moe_core.cli warmup flashinfer_mxfp4 2>&1 \
     | tee "$OUT/slim-warmup.txt" | grep -v '^\[' | tail -20
-  echo "warmup exit ${PIPESTATUS[0]} after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s wall"
+  local rc=${PIPESTATUS[0]}
+  echo "warmup exit $rc after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s wall"
+  [ "$rc" -eq 0 ] || status=1
   grep '^\[' "$OUT/slim-warmup.txt" | tail -3
   local lib; lib=$(slim_library); local dir; dir=$(dirname "$lib")
   cp "$dir/moe_slim_build.json" "$OUT/" 2>/dev/null && cat "$OUT/moe_slim_build.json"
@@ -137,12 +165,14 @@ slim_run() {
   [ -f "$lib" ] || { echo "slim-run skipped: no slim library at $lib"; return 0; }
   export MOE_FLASHINFER_MXFP4_SM90_MODULE=slim FLASHINFER_DISABLE_JIT=1
   python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider 2>&1 | tail -15 \
-    | tee "$OUT/pytest-conformance-slim.txt"
-  python3 -m pip install -q --no-deps --no-build-isolation -e plugins/triton-moe 2>&1 | tail -1
+    | tee "$OUT/pytest-conformance-slim.txt" || fail "conformance tests (slim)"
+  if [ -z "${MOE_SKIP_INSTALL:-}" ]; then
+    python3 -m pip install -q --no-deps --no-build-isolation -e plugins/triton-moe 2>&1 | tail -1
+  fi
   python3 -m moe_core.cli bench --backend flashinfer_mxfp4 --backend triton --scheme mxfp4 --preset gpt-oss-120b \
-    --output "$OUT/bench-mxfp4-flashinfer-triton.json" 2>&1 | tail -16
-  python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4-slim.json"
-  echo "moe check exit $?"
+    --output "$OUT/bench-mxfp4-flashinfer-triton.json" 2>&1 | tail -16 || fail "bench flashinfer_mxfp4 + triton"
+  python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4-slim.json" \
+    || fail "moe check flashinfer_mxfp4 (exit $?)"
   python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4-slim.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
   unset MOE_FLASHINFER_MXFP4_SM90_MODULE FLASHINFER_DISABLE_JIT
 }
@@ -157,6 +187,7 @@ while [ $# -gt 0 ]; do
     conformance) conformance; shift ;;
     slim-build) if [[ "${2:-}" =~ ^[0-9]+$ ]]; then slim_build "$2"; shift 2; else slim_build; shift; fi ;;
     slim-run) slim_run; shift ;;
-    *) echo "unknown step $1"; exit 2 ;;
+    *) echo "unknown step $1 (steps: $STEPS)"; exit 2 ;;
   esac
 done
+exit $status

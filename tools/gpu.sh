@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# The one entry point for work on a GPU machine. See `bash tools/gpu.sh --help`.
+#
+# Runs in the repository root (the device tool's copy of the working tree, or a checkout on a CUDA host),
+# installs what the requested steps need from this tree, records the machine, then runs each step under its
+# own time limit with its output in its own folder of $OUT. A failing or cut step does not stop the later
+# ones; the exit status is non-zero when any step did not finish cleanly.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SELF=$ROOT/tools/gpu.sh
+cd "$ROOT" || exit 2
+PY=${PYTHON:-python3}
+SITE=${SITE:-/tmp/site}
+
+usage() {
+  cat <<'EOF'
+Usage: bash tools/gpu.sh [--no-install] STEP[@SECONDS] [ARG ...] [STEP[@SECONDS] [ARG ...] ...]
+       bash tools/gpu.sh --help
+
+Runs each STEP in the order given, each in its own folder $OUT/<step>/ (a step given twice gets -2, -3),
+each under `timeout` (its default limit below, or SECONDS after @). Words after a step that are not step
+names are that step's arguments. A failing or cut step does not stop the later ones; exit status 1 when any
+step failed, timed out or was left out for lack of time, 2 for a usage error.
+
+Always written:
+  $OUT/machine.txt   date (UTC), the command, git commit of this tree (MOE_GPU_COMMIT overrides: the device
+                     copy's .git can be stale) and how many paths differ from it, GPU name/driver/memory
+                     (nvidia-smi), nvcc, python/torch/CUDA/triton versions, the moe packages and flashinfer
+  $OUT/install.txt   what was installed (pip install --no-deps --no-build-isolation -e, and .whl/ wheels)
+  $OUT/summary.txt   one line per step: status, seconds, folder; also printed last
+  $OUT/<step>/log.txt  everything the step printed
+
+Steps (default limit in seconds):
+  tests [PYTEST ARGS]  (420)  every GPU-marked test: `pytest -m gpu` in core/tests, plugins/*/tests and
+                       examples/*/tests, one pytest run per folder -> pytest-<package>.txt / .xml
+                       (a folder with no GPU-marked test is reported, not failed)
+  check [BACKEND ...]  (420)  `moe backends --check --json` -> backends-check.json, then
+                       `moe check BACKEND --device cuda --json` for every available backend (or the named
+                       ones) -> check-<backend>-cuda.json, summary.txt. CHECK_SKIP (default
+                       "flashinfer_mxfp4": checking it without a built module would start its hour-long
+                       JIT build; use flashinfer:conformance or flashinfer:slim-run) is left out unless named
+  bench [BENCH ARGS]   (420)  `moe bench` on the model presets: triton and torch side by side in bf16
+                       -> bench-triton-torch-bf16.json (+ .png with matplotlib); triton fp8_block on
+                       deepseek-v3-tp8 -> bench-triton-fp8_block.json; triton mxfp4 on gpt-oss-120b
+                       -> bench-triton-mxfp4.json. BENCH ARGS (e.g. --tokens 1,8,64) go to every run
+  door-cost [ARGS]     (240)  tools/gpu_door_cost.py: host cost of the runner's checks, GPU cost of the id
+                       mask, bad expert ids through triton -> door-cost.json (ARGS e.g. --parts mask)
+
+Plugin steps, PREFIX:STEP [ARGS] (default limit 300; flashinfer:build / flashinfer:slim-build /
+triton:tune 590): run plugins/PREFIX*/tools/gpu_check.sh STEP [ARGS] with OUT=$OUT/PREFIX-STEP/ (the
+plugin's own files stay with the plugin; this script installs for it). Listed below from each script.
+
+Environment: OUT (default /tmp/moe-gpu/<UTC time>), GPU_BUDGET_S (default 570: the steps together stop
+that many seconds after the start, so a 600-second device call still returns its summary; 0 = no overall
+limit), PYTHON (python3), SITE (/tmp/site: where .whl/*.whl are installed with --target, put on PYTHONPATH),
+MOE_GPU_COMMIT. --no-install: use what is installed already.
+
+Examples:
+  bash tools/gpu.sh tests check                    # what `nox -s gpu` runs
+  bash tools/gpu.sh tests check bench door-cost
+  bash tools/gpu.sh triton:tune@560 mxfp4 gpt-oss-120b
+  bash tools/gpu.sh flashinfer:slim-build          # .whl/ with flashinfer-python carried
+EOF
+  local script
+  for script in plugins/*/tools/gpu_check.sh; do
+    [ -f "$script" ] || continue
+    echo
+    echo "$(plugin_prefix "$script"): steps of $script"
+    bash "$script" --help | sed 's/^/  /'
+  done
+}
+
+plugin_prefix() {  # plugins/triton-moe/tools/gpu_check.sh -> triton
+  local dir=${1#plugins/}
+  dir=${dir%%/*}
+  echo "${dir%%-*}"
+}
+
+plugin_script() {  # triton -> plugins/triton-moe/tools/gpu_check.sh (exactly one plugins/PREFIX or PREFIX-*)
+  local found=() d
+  for d in plugins/"$1" plugins/"$1"-*; do
+    [ -f "$d/tools/gpu_check.sh" ] && found+=("$d/tools/gpu_check.sh")
+  done
+  [ ${#found[@]} -eq 1 ] && echo "${found[0]}"
+}
+
+default_limit() {
+  case "$1" in
+    tests | check | bench) echo 420 ;;
+    door-cost) echo 240 ;;
+    flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
+    *) echo 300 ;;
+  esac
+}
+
+packages_for() {  # the folders a step needs installed
+  local d
+  case "$1" in
+    tests | check)
+      echo core
+      for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
+    bench | door-cost) echo core plugins/triton-moe ;;
+    flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
+    *:*) echo core "$(dirname "$(dirname "$(plugin_script "${1%%:*}")")")" ;;
+  esac
+}
+
+# ---------------------------------------------------------------- steps (run as `gpu.sh --run-step NAME ...`)
+
+step_tests() {
+  local status=0 dir name rc
+  for dir in core/tests plugins/*/tests examples/*/tests; do
+    [ -d "$dir" ] || continue
+    name=$(basename "${dir%/tests}")
+    echo "--- pytest -m gpu $dir $*"
+    "$PY" -m pytest "$dir" -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/pytest-$name.xml" "$@" \
+      > "$OUT/pytest-$name.txt" 2>&1
+    rc=$?
+    tail -n 12 "$OUT/pytest-$name.txt"
+    case $rc in
+      0) ;;
+      5) echo "($dir: no GPU-marked test)" ;;
+      *) echo "FAILED: pytest -m gpu $dir (exit $rc)"; status=1 ;;
+    esac
+  done
+  return $status
+}
+
+summarize_check() {  # check JSON -> one line, and the failed cases
+  "$PY" - "$1" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as exc:
+    print(f"{sys.argv[1]}: no result ({exc})")
+    raise SystemExit(1)
+print(f"{d['backend']} on {d['device']}: {d['passed']} passed, {d['failed']} failed, {d['skipped']} skipped")
+for c in d["cases"]:
+    if c["status"] == "failed":
+        print("  FAILED", c["kind"], c["id"], c["reason"][:300])
+PY
+}
+
+step_check() {
+  local status=0 name state reason rc rows=() wanted=("$@") skip=" ${CHECK_SKIP-flashinfer_mxfp4} "
+  "$PY" -m moe_core.cli backends --check --json > "$OUT/backends-check.json" || status=1
+  mapfile -t rows < <("$PY" - "$OUT/backends-check.json" <<'PY'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    rows = []
+for r in rows:
+    print(r["name"], r["status"], " ".join(str(r.get("reason", "")).split())[:200], sep="\t")
+PY
+)
+  [ ${#rows[@]} -gt 0 ] || { echo "FAILED: moe backends --check gave no backends"; return 1; }
+  : > "$OUT/summary.txt"
+  for row in "${rows[@]}"; do
+    IFS=$'\t' read -r name state reason <<< "$row"
+    if [ ${#wanted[@]} -gt 0 ]; then
+      [[ " ${wanted[*]} " == *" $name "* ]] || continue
+    elif [[ $skip == *" $name "* ]]; then
+      echo "$name: left out (CHECK_SKIP)" | tee -a "$OUT/summary.txt"; continue
+    fi
+    case $state in
+      available) ;;
+      error | incompatible) echo "FAILED $name: $state: $reason" | tee -a "$OUT/summary.txt"; status=1; continue ;;
+      *) echo "$name: $state: $reason" | tee -a "$OUT/summary.txt"; continue ;;
+    esac
+    echo "--- moe check $name --device cuda"
+    "$PY" -m moe_core.cli check "$name" --device cuda --json > "$OUT/check-$name-cuda.json" \
+      2> "$OUT/check-$name-cuda.log" < /dev/null
+    rc=$?
+    tail -n 3 "$OUT/check-$name-cuda.log"
+    summarize_check "$OUT/check-$name-cuda.json" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || { echo "FAILED: moe check $name (exit $rc)" | tee -a "$OUT/summary.txt"; status=1; }
+  done
+  return $status
+}
+
+step_bench() {
+  local status=0 plot=()
+  "$PY" -c "import matplotlib" 2>/dev/null && plot=(--plot "$OUT/bench-triton-torch-bf16.png")
+  "$PY" -m moe_core.cli bench --backend triton --backend torch --output "$OUT/bench-triton-torch-bf16.json" \
+    ${plot[@]+"${plot[@]}"} "$@" 2>&1 | tail -n 45 || status=1
+  "$PY" -m moe_core.cli bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 \
+    --output "$OUT/bench-triton-fp8_block.json" "$@" 2>&1 | tail -n 10 || status=1
+  "$PY" -m moe_core.cli bench --backend triton --scheme mxfp4 --preset gpt-oss-120b \
+    --output "$OUT/bench-triton-mxfp4.json" "$@" 2>&1 | tail -n 10 || status=1
+  return $status
+}
+
+step_door_cost() {
+  "$PY" tools/gpu_door_cost.py --output "$OUT/door-cost.json" "$@"
+}
+
+if [ "${1:-}" = --run-step ]; then
+  step=$2; shift 2
+  case $step in
+    tests) step_tests "$@" ;;
+    check) step_check "$@" ;;
+    bench) step_bench "$@" ;;
+    door-cost) step_door_cost "$@" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  exit $?
+fi
+
+# ---------------------------------------------------------------- parse the command line
+
+INSTALL=1
+COMMAND="tools/gpu.sh $*"
+NAMES=() LIMITS=() ARGS=()
+is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
+  local script
+  case "$1" in
+    tests | check | bench | door-cost) return 0 ;;
+    *:*)
+      script=$(plugin_script "${1%%:*}") || return 1
+      [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;
+    *) return 1 ;;
+  esac
+}
+looks_like_step() { [[ $1 =~ ^([a-z][a-z0-9-]*(:[a-z][a-z0-9-]*)?)(@[0-9]+)?$ ]]; }
+
+while [ $# -gt 0 ]; do
+  word=$1; shift
+  case $word in
+    -h | --help) usage; exit 0 ;;
+    --no-install) INSTALL=0; continue ;;
+  esac
+  name=${word%@*}
+  if looks_like_step "$word" && is_step "$name"; then
+    limit=$(default_limit "$name")
+    [[ $word == *@* ]] && limit=${word##*@}
+    [ "$limit" -ge 1 ] || { echo "tools/gpu.sh: $word: the limit must be at least 1 second" >&2; exit 2; }
+    NAMES+=("$name"); LIMITS+=("$limit"); ARGS+=("")
+  elif [ ${#NAMES[@]} -eq 0 ] || [[ $word == *:* && $word != -* ]]; then
+    echo "tools/gpu.sh: unknown step '$word' (bash tools/gpu.sh --help lists them)" >&2
+    exit 2
+  else
+    last=$((${#NAMES[@]} - 1))
+    ARGS[last]+="${ARGS[last]:+$'\x1f'}$word"
+  fi
+done
+if [ ${#NAMES[@]} -eq 0 ]; then
+  usage >&2
+  exit 2
+fi
+
+# ---------------------------------------------------------------- install, record the machine
+
+OUT=${OUT:-/tmp/moe-gpu/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+export OUT
+START=$(date +%s)
+BUDGET=${GPU_BUDGET_S:-570}
+FAILED=0
+
+[ "$INSTALL" = 1 ] || echo "nothing installed (--no-install)" > "$OUT/install.txt"
+if ls .whl/*.whl > /dev/null 2>&1 && [ "$INSTALL" = 1 ]; then
+  echo "wheels from .whl/ -> $SITE: $(cd .whl && echo *.whl)" | tee "$OUT/install.txt"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    2>&1 | tail -n 3 | tee -a "$OUT/install.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
+fi
+[ -d "$SITE" ] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+PACKAGES=()
+for name in "${NAMES[@]}"; do
+  for pkg in $(packages_for "$name"); do
+    [[ " ${PACKAGES[*]-} " == *" $pkg "* ]] || PACKAGES+=("$pkg")
+  done
+done
+if [ "$INSTALL" = 1 ] && [ ${#PACKAGES[@]} -gt 0 ]; then
+  editable=()
+  for pkg in "${PACKAGES[@]}"; do editable+=(-e "$pkg"); done
+  echo "pip install --no-deps --no-build-isolation ${editable[*]}" | tee -a "$OUT/install.txt"
+  "$PY" -m pip install -q --no-deps --no-build-isolation "${editable[@]}" 2>&1 | tail -n 3 | tee -a "$OUT/install.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: pip install" | tee -a "$OUT/install.txt"; FAILED=1; }
+fi
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "command: $COMMAND"
+  commit=${MOE_GPU_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+  echo "commit: $commit ($(git status --porcelain 2>/dev/null | wc -l) paths differ from git HEAD in this tree)"
+  echo "host: $(nproc) cores, $(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  (nvcc --version 2>/dev/null | tail -n 1 | sed 's/^/nvcc: /')
+  "$PY" - <<'PY' 2>&1
+import importlib.metadata as md
+import sys
+import torch
+try:
+    import triton
+    tv = triton.__version__
+except ImportError:
+    tv = "not installed"
+cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.version.cuda}, triton {tv}, "
+      f"capability {cap}")
+names = sorted({d.metadata["Name"] for d in md.distributions() if (d.metadata["Name"] or "").startswith("moe-")})
+extra = [n for n in ("flashinfer-python", "apache-tvm-ffi", "flashinfer-jit-cache", "flashinfer-cubin")
+         if any((d.metadata["Name"] or "") == n for d in md.distributions())]
+print("packages:", ", ".join(f"{n} {md.version(n)}" for n in names + extra))
+PY
+} | tee "$OUT/machine.txt"
+
+# ---------------------------------------------------------------- run the steps
+
+: > "$OUT/summary.txt"
+declare -A SEEN=()
+N=${#NAMES[@]}
+for i in "${!NAMES[@]}"; do
+  name=${NAMES[i]} limit=${LIMITS[i]}
+  args=()
+  [ -n "${ARGS[i]}" ] && IFS=$'\x1f' read -r -a args <<< "${ARGS[i]}"
+  folder=${name/:/-}
+  SEEN[$folder]=$((${SEEN[$folder]:-0} + 1))
+  [ "${SEEN[$folder]}" -gt 1 ] && folder=$folder-${SEEN[$folder]}
+  dir=$OUT/$folder
+  mkdir -p "$dir"
+  if [ "$BUDGET" -gt 0 ]; then
+    left=$((START + BUDGET - $(date +%s)))
+    if [ "$left" -lt 30 ]; then
+      printf '%-10s %5ss  %-24s %s\n' "no-time" 0 "$name" "${args[*]-}" | tee -a "$OUT/summary.txt"
+      FAILED=1
+      continue
+    fi
+    [ "$limit" -gt $((left - 10)) ] && limit=$((left - 10))
+  fi
+  echo
+  echo "=== [$((i + 1))/$N] $name ${args[*]-} (limit ${limit}s) -> $folder/"
+  t0=$(date +%s)
+  if [[ $name == *:* ]]; then
+    MOE_SKIP_INSTALL=1 MOE_STEP_LIMIT=$limit OUT=$dir timeout -k 15 "$limit" \
+      bash "$(plugin_script "${name%%:*}")" "${name#*:}" ${args[@]+"${args[@]}"} 2>&1 | tee "$dir/log.txt"
+  else
+    MOE_STEP_LIMIT=$limit OUT=$dir timeout -k 15 "$limit" \
+      bash "$SELF" --run-step "$name" ${args[@]+"${args[@]}"} 2>&1 | tee "$dir/log.txt"
+  fi
+  rc=${PIPESTATUS[0]}
+  case $rc in
+    0) state=ok ;;
+    124 | 137) state=timeout; FAILED=1 ;;
+    *) state="failed($rc)"; FAILED=1 ;;
+  esac
+  printf '%-10s %5ss  %-24s %s\n' "$state" "$(($(date +%s) - t0))" "$name" "${args[*]-}" >> "$OUT/summary.txt"
+done
+
+echo
+echo "=== summary ($OUT; $(($(date +%s) - START)) s; machine.txt has the versions and the command)"
+cat "$OUT/summary.txt"
+exit $FAILED
