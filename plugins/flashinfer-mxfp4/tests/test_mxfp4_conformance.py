@@ -2,7 +2,7 @@
 
 On a machine without a supported GPU every case skips with the backend's
 support reason; on an H200 (SM90) or B200 (SM100) with flashinfer installed
-the mxfp4/bf16 cases run against the float64 oracle (see tools/gpu_check.sh).
+the mxfp4/bf16 cases run against the float64 oracle (``bash tools/gpu.sh flashinfer:conformance``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The slim SM90 W4A16 module on the CPU: which sources, the stub mechanism, the binding call, the module choice.
 
 What needs a GPU (compiling 60 CUDA units, running the kernels) runs on the
-H200 with ``tools/gpu_check.sh slim``; its results are in the plugin README.
+H200 with ``bash tools/gpu.sh flashinfer:slim-build flashinfer:slim-run``; its results are in the plugin README.
 Here: the source selection against the installed FlashInfer's real
 generator and spec, the stubs with a real C++ compiler and binutils (a
 program calls a stubbed symbol and gets the exception), the binding's
