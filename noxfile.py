@@ -1,12 +1,14 @@
 """Test sessions: core alone, each plugin with core, all plugins together, the
-example plugin's wheel, the ``moe new-plugin`` skeleton, lint.
+example plugin's wheel, the ``moe new-plugin`` skeleton against our wheels, lint;
+and two that a plain ``nox`` leaves out: ``build`` (our wheels into ``dist/``) and
+``gpu`` (on a CUDA machine, in its installed environment: ``tools/gpu.sh``).
 
-Every session installs packages from the working tree into a fresh virtualenv,
-with ``constraints/cpu.txt`` pinning torch to the CPU wheel (an unpinned torch
-would pull a multi-GB CUDA build). ``all_plugins``, ``example_wheel`` and
-``new_plugin`` install *wheels* built with the standard build frontend
-(``python -m build --wheel``), each folder built once per ``nox`` run and shared
-by the sessions; pip's download cache is shared by every session.
+Every test session installs packages from the working tree into a fresh virtualenv,
+with ``constraints/cpu.txt`` pinning torch (an unpinned torch would pull a multi-GB
+CUDA build; see the README for PyTorch's CPU index). ``all_plugins``,
+``example_wheel`` and ``new_plugin`` install *wheels* built with the standard build
+frontend (``python -m build --wheel``), each folder built once per ``nox`` run and
+shared by the sessions; pip's download cache is shared by every session.
 Run everything with ``nox``; one session with ``nox -s core``; ``nox --list``.
 """
 
@@ -141,17 +143,20 @@ def example_wheel(session: nox.Session) -> None:
 
 @nox.session
 def new_plugin(session: nox.Session) -> None:
-    """moe new-plugin end to end: generate, build, install, list, run its (skipping) conformance tests.
+    """A third party's path: moe new-plugin against our wheels alone, built, installed, listed, tested.
 
-    The skeleton goes into a temp folder, its wheel is built with python -m build and installed;
-    moe backends must list it (unavailable: not implemented yet) and its conformance cases must skip
-    with that reason.
+    moe-core is on no package index: it is installed *by name* from a folder holding only its wheel
+    (``--find-links``, as a user would with ``nox -s build``'s ``dist/``), then ``moe new-plugin`` writes a
+    skeleton into a temp folder, which pip builds and installs against that same folder. moe backends
+    must list it (unavailable: not implemented yet) and its conformance cases must skip with that reason.
     """
-    _install_wheels(session, "core")
+    links = str(Path(_wheel(session, "core")).parent)
+    session.install(*CONSTRAINTS, "--find-links", links, "moe-core")
+    session.run("python", CHECKS, "from-wheel", "moe_core")
     folder = Path(session.create_tmp()) / "nox_skeleton"
     shutil.rmtree(folder, ignore_errors=True)
     session.run("moe", "new-plugin", "nox_skeleton", "--dir", str(folder))
-    session.install(*CONSTRAINTS, _wheel(session, str(folder)))
+    session.install(*CONSTRAINTS, "--find-links", links, f"{folder}[test]")
     session.run("python", CHECKS, "from-wheel", "moe_nox_skeleton")
     session.run("moe", "backends", "--check")
     session.run("python", CHECKS, "skeleton-listed", "nox_skeleton", "moe-nox-skeleton")
@@ -167,3 +172,28 @@ def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(default=False)
+def build(session: nox.Session) -> None:
+    """Wheels of moe-core, every first-party plugin and the example into dist/ (not run by a plain nox).
+
+    moe-core is on no package index; install from these with ``pip install --find-links dist moe-core
+    moe-triton`` (and a third-party plugin: ``pip install --find-links dist ./my-plugin``).
+    """
+    dist = ROOT / "dist"
+    dist.mkdir(exist_ok=True)
+    for folder in ("core", *PLUGINS.values(), EXAMPLE):
+        wheel = Path(_wheel(session, folder))
+        shutil.copy2(wheel, dist / wheel.name)
+        session.log(f"dist/{wheel.name}")
+
+
+@nox.session(venv_backend="none", default=False)
+def gpu(session: nox.Session) -> None:
+    """On a CUDA machine, in its installed environment (no virtualenv; not run by a plain nox): every
+    GPU-marked test and ``moe check`` of each available backend through ``tools/gpu.sh`` (``nox -s gpu --
+    bench door-cost`` runs other steps; ``bash tools/gpu.sh --help`` lists them)."""
+    if shutil.which("nvidia-smi") is None:
+        session.error("no GPU here (nvidia-smi not found): the gpu session runs on a CUDA machine")
+    session.run("bash", str(ROOT / "tools" / "gpu.sh"), *(session.posargs or ("tests", "check")), external=True)

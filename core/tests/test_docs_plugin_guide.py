@@ -15,19 +15,15 @@ Convention (also stated at the top of the guide):
 from __future__ import annotations
 
 import ast
-import os
 import re
-import site as site_module
 import subprocess
-import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fresh_venv import FreshVenv
 
 from moe_core.cli import COMMANDS
-from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 
 try:
     import tomllib
@@ -141,43 +137,6 @@ def test_the_guide_covers(topic):
 
 
 # ---- the whole guide, run ------------------------------------------------------------
-
-
-class FreshVenv:
-    """A new virtualenv that also sees this interpreter's packages (torch is not reinstalled).
-
-    A ``.pth`` file adds this interpreter's site directories with
-    ``site.addsitedir`` (``--system-site-packages`` would add the *base*
-    interpreter's, not those of the virtualenv running the tests). Whatever is
-    installed into it lands in its own site-packages; ``moe`` and ``pip`` in its
-    ``bin`` run its own Python.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
-        self.bin = path / "bin"
-        self.python = str(self.bin / "python")
-        purelib = subprocess.run(
-            [self.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        parents = [p for p in [*site_module.getsitepackages(), sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
-        lines = [f"import site; site.addsitedir({p!r})" for p in dict.fromkeys(parents)]
-        Path(purelib, "_moe_test_parent_env.pth").write_text("\n".join(lines) + "\n")
-        for command, module in (("moe", "moe_core.cli"), ("pip", "pip"), ("pytest", "pytest")):
-            shim = self.bin / command
-            shim.write_text(f'#!/bin/sh\nexec "{self.python}" -m {module} "$@"\n')
-            shim.chmod(0o755)
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR, "PYTHONPATH")}
-        env["VIRTUAL_ENV"] = str(self.path)
-        env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
-        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-        return env
 
 
 def _run(block: Block, argv: list[str], cwd: Path, env: dict[str, str]) -> str:

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import site as site_module
-import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fresh_venv import FreshVenv
 
 from moe_core import BackendUnavailableError, InvalidInputError, MoeConfig, MoeProblem
 from moe_core.cli import COMMANDS, main
 from moe_core.cli.new_plugin import core_requirement, plugin_names, render, write_plugin
-from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 from moe_core.selection import select
 from moe_core.testing.distributions import write_distribution
 
@@ -220,45 +216,6 @@ def test_skeleton_conformance_tests_skip_with_the_reason(site, tmp_path):
 
 
 # ---- the skeleton, pip-installed into a fresh virtualenv ---------------------------------
-
-
-class FreshVenv:
-    """A new virtualenv that also sees this interpreter's packages (torch is not reinstalled).
-
-    ``venv --system-site-packages`` would expose the *base* interpreter's
-    packages, not those of the virtualenv running the tests, so a ``.pth`` file
-    adds this interpreter's site directories instead (``site.addsitedir``, so
-    their own ``.pth`` files — editable installs — work too). Whatever is
-    installed into the new environment lands in its own site-packages.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
-        self.python = str(path / "bin" / "python")
-        purelib = subprocess.run(
-            [self.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        parents = [p for p in [*site_module.getsitepackages(), sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
-        lines = [f"import site; site.addsitedir({p!r})" for p in dict.fromkeys(parents)]
-        Path(purelib, "_moe_test_parent_env.pth").write_text("\n".join(lines) + "\n")
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR, "PYTHONPATH")}
-        env["VIRTUAL_ENV"] = str(self.path)
-        env["PATH"] = os.pathsep.join([str(self.path / "bin"), env.get("PATH", "")])
-        return env
-
-    def run(self, *args: str, cwd=None, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [self.python, *args], cwd=cwd, env=self.env(), capture_output=True, text=True, timeout=timeout
-        )
-        if check and proc.returncode:
-            raise AssertionError(f"{args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-        return proc
 
 
 def test_skeleton_pip_installs_into_a_fresh_venv_and_is_found_at_once(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.errors import InvalidInputError
+from moe_core.quant._common import check_multiple
 
 #: Magnitudes of codes 0..7; codes 8..15 are their negatives.
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -77,3 +78,15 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     if packed.dim() == 0:
         raise InvalidInputError("packed fp4 needs at least one dimension")
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def unpack_fp4_blocks(packed: torch.Tensor, scale: torch.Tensor, block: int, scheme: str) -> torch.Tensor:
+    """E2M1 values ``[..., K/block, block]`` of ``packed [..., K/2]`` (float32), once ``scale`` is checked to
+    hold one entry per ``block`` values along K: what mxfp4 and nvfp4 dequantization share."""
+    values = e2m1_to_float(unpack_fp4(packed))
+    k = values.shape[-1]
+    check_multiple(k, block, scheme)
+    expected = (*values.shape[:-1], k // block)
+    if tuple(scale.shape) != expected:
+        raise InvalidInputError(f"{scheme} scale has shape {tuple(scale.shape)}, expected {expected}")
+    return values.reshape(*expected, block)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from moe_core.errors import InvalidInputError
 from moe_core.quant._common import check_dtype, check_float_input, check_multiple
-from moe_core.quant.fp4 import e2m1_to_float, float_to_e2m1, pack_fp4, unpack_fp4
+from moe_core.quant.fp4 import float_to_e2m1, pack_fp4, unpack_fp4_blocks
 from moe_core.schemes import SCHEMES
 
 #: Elements per scale along K.
@@ -81,11 +80,6 @@ def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
     and cast to ``dtype`` once.
     """
     check_dtype(packed, torch.uint8, "mxfp4 packed weight")
-    values = e2m1_to_float(unpack_fp4(packed))
-    k = values.shape[-1]
-    check_multiple(k, MXFP4_BLOCK, "mxfp4")
-    expected = (*values.shape[:-1], k // MXFP4_BLOCK)
-    if tuple(scale.shape) != expected:
-        raise InvalidInputError(f"mxfp4 scale has shape {tuple(scale.shape)}, expected {expected}")
-    blocks = values.reshape(*expected, MXFP4_BLOCK) * ue8m0_to_float(scale).unsqueeze(-1)
-    return blocks.reshape(values.shape).to(dtype)
+    values = unpack_fp4_blocks(packed, scale, MXFP4_BLOCK, "mxfp4")
+    blocks = values * ue8m0_to_float(scale).unsqueeze(-1)
+    return blocks.flatten(-2).to(dtype)

@@ -14,7 +14,7 @@ import torch
 
 from moe_core.errors import InvalidInputError
 from moe_core.quant._common import check_dtype, check_float_input, check_multiple, div_const
-from moe_core.quant.fp4 import E2M1_MAX, e2m1_to_float, float_to_e2m1, pack_fp4, unpack_fp4
+from moe_core.quant.fp4 import E2M1_MAX, float_to_e2m1, pack_fp4, unpack_fp4_blocks
 from moe_core.schemes import SCHEMES
 
 #: Elements per E4M3 scale along K.
@@ -83,14 +83,9 @@ def dequantize_nvfp4(
     check_dtype(scale, torch.float8_e4m3fn, "nvfp4 scale")
     if packed.dim() < 2:
         raise InvalidInputError(f"nvfp4 packed weight needs shape [..., N, K/2], got {tuple(packed.shape)}")
-    values = e2m1_to_float(unpack_fp4(packed))
-    k = values.shape[-1]
-    check_multiple(k, NVFP4_BLOCK, "nvfp4")
-    expected = (*values.shape[:-1], k // NVFP4_BLOCK)
-    if tuple(scale.shape) != expected:
-        raise InvalidInputError(f"nvfp4 scale has shape {tuple(scale.shape)}, expected {expected}")
+    values = unpack_fp4_blocks(packed, scale, NVFP4_BLOCK, "nvfp4")
     gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
-    if gs.dim() > len(values.shape) - 2:
+    if gs.dim() > values.dim() - 3:
         raise InvalidInputError(f"nvfp4 global_scale of shape {tuple(gs.shape)} has too many dims")
-    blocks = values.reshape(*expected, NVFP4_BLOCK) * scale.float().unsqueeze(-1)
-    return (blocks.reshape(values.shape) * gs[..., None, None]).to(dtype)
+    blocks = values * scale.float().unsqueeze(-1)
+    return (blocks.flatten(-2) * gs[..., None, None]).to(dtype)

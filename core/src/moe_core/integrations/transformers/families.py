@@ -29,17 +29,7 @@ def from_mixtral(block, dtype: torch.dtype = torch.float32) -> HFMoe:
     Activation: ``hidden_act`` probed (silu for every released Mixtral).
     Router jitter (training only) is not reproduced.
     """
-    gate = require_attr(block, "gate", what="router")
-    top_k = first_attr((gate, block), "top_k", "experts per token")
-    ex = experts_of(block, gate="w1", up="w3", down="w2", transposed=False, concatenated=True, has_bias=False)
-    activation = match_activation(ex, ("silu", "gelu"), alpha=1.702, limit=7.0, family="Mixtral")
-    router = HFRouter(
-        require_attr(gate, "weight", what="router weight"),
-        getattr(gate, "bias", None),
-        lambda logits: routing.softmax_topk(logits, top_k, renormalize=True),
-        description=f"softmax_topk(top_k={top_k}, renormalize=True)",
-    )
-    return build_moe(ex, activation, top_k, router, dtype, "Mixtral")
+    return _softmax_topk_block(block, dtype, "Mixtral", ("w1", "w3", "w2"), renormalize=True)
 
 
 def from_qwen3_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
@@ -52,20 +42,27 @@ def from_qwen3_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
     and ``norm_topk_prob`` on the block). Routing: softmax over experts, top-k,
     renormalised iff ``norm_topk_prob``. Qwen3-MoE has no shared expert.
     """
+    return _softmax_topk_block(block, dtype, "Qwen3-MoE", ("gate_proj", "up_proj", "down_proj"), renormalize=None)
+
+
+def _softmax_topk_block(block, dtype, family: str, names: tuple[str, str, str], renormalize: bool | None) -> HFMoe:
+    """A block routed by softmax over its ``gate`` linear then top-k, experts gated by silu/gelu without
+    biases: ``names`` are the 4.x per-expert (gate, up, down) linears; ``renormalize=None`` reads
+    ``norm_topk_prob`` from the router or the block."""
     gate = require_attr(block, "gate", what="router")
     top_k = first_attr((gate, block), "top_k", "experts per token")
-    norm = bool(first_attr((gate, block), "norm_topk_prob", "renormalise the top-k weights"))
-    ex = experts_of(
-        block, gate="gate_proj", up="up_proj", down="down_proj", transposed=False, concatenated=True, has_bias=False
-    )
-    activation = match_activation(ex, ("silu", "gelu"), alpha=1.702, limit=7.0, family="Qwen3-MoE")
+    if renormalize is None:
+        renormalize = bool(first_attr((gate, block), "norm_topk_prob", "renormalise the top-k weights"))
+    gate_name, up, down = names
+    ex = experts_of(block, gate=gate_name, up=up, down=down, transposed=False, concatenated=True, has_bias=False)
+    activation = match_activation(ex, ("silu", "gelu"), alpha=1.702, limit=7.0, family=family)
     router = HFRouter(
         require_attr(gate, "weight", what="router weight"),
         getattr(gate, "bias", None),
-        lambda logits: routing.softmax_topk(logits, top_k, renormalize=norm),
-        description=f"softmax_topk(top_k={top_k}, renormalize={norm})",
+        lambda logits: routing.softmax_topk(logits, top_k, renormalize=renormalize),
+        description=f"softmax_topk(top_k={top_k}, renormalize={renormalize})",
     )
-    return build_moe(ex, activation, top_k, router, dtype, "Qwen3-MoE")
+    return build_moe(ex, activation, top_k, router, dtype, family)
 
 
 def from_gpt_oss(block, dtype: torch.dtype = torch.float32) -> HFMoe:
