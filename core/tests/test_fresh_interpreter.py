@@ -16,7 +16,7 @@ def moe_api_version():
 
 @hookimpl
 def moe_fused_ops():
-    from moe_core.backends.torch_backend import TorchFusedOp
+    from moe_core.backends.torch.fused_op import TorchFusedOp
 
     class FlashInferMxfp4StandIn(TorchFusedOp):
         name = "flashinfer_mxfp4"
@@ -61,7 +61,7 @@ print("OK", runner.distribution, tuple(out.shape))
         "",  # nothing imported first
         "import moe_core.runner\n",  # core's runner first (the seed's failing order)
         "import standin_fi_mxfp4.plugin\n",  # the plugin first
-        "import moe_core.backends.torch_backend, moe_core.selection\n",
+        "import moe_core.backends.torch.fused_op, moe_core.selection\n",
     ],
     ids=["nothing-first", "runner-first", "plugin-first", "core-internals-first"],
 )

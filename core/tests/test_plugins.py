@@ -285,7 +285,7 @@ def test_shared_module_serves_two_entry_points(site):
 
         @hookimpl
         def moe_fused_ops():
-            from moe_core.backends.torch_backend import TorchFusedOp
+            from moe_core.backends.torch.fused_op import TorchFusedOp
             class A(TorchFusedOp):
                 name = "alpha"
             class B(TorchFusedOp):

@@ -208,7 +208,7 @@ def test_out_overlapping_any_input_is_refused():
 
 def test_a_fused_op_class_can_be_passed_directly():
     """No distribution, no entry point: the class itself, its support check still asked."""
-    from moe_core.backends.torch_backend import TorchFusedOp
+    from moe_core.backends.torch.fused_op import TorchFusedOp
     from moe_core.errors import BackendUnavailableError
 
     class Doubling(TorchFusedOp):
@@ -236,7 +236,7 @@ def test_a_fused_op_class_can_be_passed_directly():
 @pytest.mark.parametrize("check", [True, False])
 def test_runner_masks_invalid_ids_for_a_backend_that_does_not_handle_them(check):
     """The backend sees only ids in [0, E) (it asserts so) and the pairs the runner masked contribute zero."""
-    from moe_core.backends.torch_backend import TorchFusedOp
+    from moe_core.backends.torch.fused_op import TorchFusedOp
 
     seen = []
 

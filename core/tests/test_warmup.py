@@ -16,7 +16,7 @@ def moe_api_version():
 
 @hookimpl
 def moe_fused_ops():
-    from moe_core.backends.torch_backend import TorchFusedOp
+    from moe_core.backends.torch.fused_op import TorchFusedOp
     from moe_core.fused_op import Support
 
     class Warming(TorchFusedOp):

@@ -72,7 +72,7 @@ def plugin_source(
 
         @hookimpl
         def moe_fused_ops():
-            from moe_core.backends.torch_backend import TorchFusedOp
+            from moe_core.backends.torch.fused_op import TorchFusedOp
 
             class StandInFusedOp(TorchFusedOp):
                 name = {backend!r}

@@ -16,6 +16,6 @@ def moe_api_version() -> int:
 
 @hookimpl
 def moe_fused_ops() -> list:
-    from moe_core.backends.torch_backend import TorchFusedOp
+    from moe_core.backends.torch.fused_op import TorchFusedOp
 
     return [TorchFusedOp]
