@@ -5,10 +5,9 @@
 # installs what the requested steps need from this tree, records the machine, then runs each step under its
 # own time limit with its output in its own folder of $OUT. A failing or cut step does not stop the later
 # ones; the exit status is non-zero when any step did not finish cleanly.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=SCRIPTDIR/gpu_common.sh
+source "$ROOT/tools/gpu_common.sh"  # set -uo pipefail, PYTHONUNBUFFERED=1; gpu_install_*, gpu_versions, ...
 SELF=$ROOT/tools/gpu.sh
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
@@ -128,21 +127,6 @@ step_tests() {
   return $status
 }
 
-summarize_check() {  # check JSON -> one line, and the failed cases
-  "$PY" - "$1" <<'PY'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as exc:
-    print(f"{sys.argv[1]}: no result ({exc})")
-    raise SystemExit(1)
-print(f"{d['backend']} on {d['device']}: {d['passed']} passed, {d['failed']} failed, {d['skipped']} skipped")
-for c in d["cases"]:
-    if c["status"] == "failed":
-        print("  FAILED", c["kind"], c["id"], c["reason"][:300])
-PY
-}
-
 step_check() {
   local status=0 name state reason rc rows=() wanted=("$@") skip=" ${CHECK_SKIP-flashinfer_mxfp4} "
   "$PY" -m moe_core.cli backends --check --json > "$OUT/backends-check.json" || status=1
@@ -175,7 +159,7 @@ PY
       2> "$OUT/check-$name-cuda.log" < /dev/null
     rc=$?
     tail -n 3 "$OUT/check-$name-cuda.log"
-    summarize_check "$OUT/check-$name-cuda.json" | tee -a "$OUT/summary.txt"
+    gpu_summarize_check "$OUT/check-$name-cuda.json" | tee -a "$OUT/summary.txt"
     [ "$rc" -eq 0 ] || { echo "FAILED: moe check $name (exit $rc)" | tee -a "$OUT/summary.txt"; status=1; }
   done
   return $status
@@ -263,8 +247,7 @@ FAILED=0
 [ "$INSTALL" = 1 ] || echo "nothing installed (--no-install)" > "$OUT/install.txt"
 if ls .whl/*.whl > /dev/null 2>&1 && [ "$INSTALL" = 1 ]; then
   echo "wheels from .whl/ -> $SITE: $(cd .whl && echo *.whl)" | tee "$OUT/install.txt"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    2>&1 | tail -n 3 | tee -a "$OUT/install.txt"
+  gpu_install_wheels 2>&1 | tail -n 3 | tee -a "$OUT/install.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
 fi
 [ -d "$SITE" ] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -276,10 +259,8 @@ for name in "${NAMES[@]}"; do
   done
 done
 if [ "$INSTALL" = 1 ] && [ ${#PACKAGES[@]} -gt 0 ]; then
-  editable=()
-  for pkg in "${PACKAGES[@]}"; do editable+=(-e "$pkg"); done
-  echo "pip install --no-deps --no-build-isolation ${editable[*]}" | tee -a "$OUT/install.txt"
-  "$PY" -m pip install -q --no-deps --no-build-isolation "${editable[@]}" 2>&1 | tail -n 3 | tee -a "$OUT/install.txt"
+  echo "pip install --no-deps --no-build-isolation$(printf ' -e %s' "${PACKAGES[@]}")" | tee -a "$OUT/install.txt"
+  gpu_install_editable "${PACKAGES[@]}" 2>&1 | tail -n 3 | tee -a "$OUT/install.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: pip install" | tee -a "$OUT/install.txt"; FAILED=1; }
 fi
 
@@ -289,25 +270,7 @@ fi
   commit=${MOE_GPU_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
   echo "commit: $commit ($(git status --porcelain 2>/dev/null | wc -l) paths differ from git HEAD in this tree)"
   echo "host: $(nproc) cores, $(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
-  (nvcc --version 2>/dev/null | tail -n 1 | sed 's/^/nvcc: /')
-  "$PY" - <<'PY' 2>&1
-import importlib.metadata as md
-import sys
-import torch
-try:
-    import triton
-    tv = triton.__version__
-except ImportError:
-    tv = "not installed"
-cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.version.cuda}, triton {tv}, "
-      f"capability {cap}")
-names = sorted({d.metadata["Name"] for d in md.distributions() if (d.metadata["Name"] or "").startswith("moe-")})
-extra = [n for n in ("flashinfer-python", "apache-tvm-ffi", "flashinfer-jit-cache", "flashinfer-cubin")
-         if any((d.metadata["Name"] or "") == n for d in md.distributions())]
-print("packages:", ", ".join(f"{n} {md.version(n)}" for n in names + extra))
-PY
+  gpu_versions
 } | tee "$OUT/machine.txt"
 
 # ---------------------------------------------------------------- run the steps

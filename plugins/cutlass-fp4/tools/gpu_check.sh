@@ -6,6 +6,8 @@
 #
 # flashinfer is carried as wheels in .whl/ (see plugins/flashinfer-mxfp4/tools/gpu_check.sh: flashinfer_python
 # 0.6.18 <= v < 0.8 within the 64 MiB carry, e.g. 0.6.18.post1 or 0.7.0.post1, plus apache_tvm_ffi for cp312).
+# shellcheck source=SCRIPTDIR/../../../tools/gpu_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../tools/gpu_common.sh"  # set -uo pipefail; gpu_plugin_*, fail, ...
 
 help() {
   cat <<'HELP'
@@ -17,31 +19,11 @@ check          the support reason on this GPU (Hopper, precisely) and that an ex
 HELP
 }
 STEPS="check"
-case "${1:-check}" in
-  --help | -h) help; exit 0 ;;
-  --steps) echo "$STEPS"; exit 0 ;;
-  check) ;;
-  *) echo "unknown step $1 (steps: $STEPS)"; exit 2 ;;
-esac
-
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-SITE=${SITE:-/tmp/site}
+gpu_plugin_args "$@"  # no step = check, the only one
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}
 export MAX_JOBS=${MAX_JOBS:-16}
 PLUGIN=plugins/cutlass-fp4
-status=0
-fail() { echo "FAILED: $*"; status=1; }
-
-if [ -z "${MOE_SKIP_INSTALL:-}" ]; then
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-      2>&1 | tail -2
-  fi
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-  python3 -m pip install -q --no-deps --no-build-isolation -e core -e "$PLUGIN" 2>&1 | tail -2
-fi
+gpu_plugin_setup "$PLUGIN" wheels  # the .whl/ wheels, core and the plugin
 
 python3 - <<'PY' 2>&1 | tee "$OUT/cutlass-fp4-support.txt" || fail "support check"
 import os, torch, importlib.metadata as md

@@ -10,6 +10,8 @@
 # requirements are on the image or optional at import: nvidia-cutlass-dsl, cudnn-frontend, nccl4py, cuda-tile
 # were checked to be unneeded for `import flashinfer.fused_moe`). The carry limit is 64 MiB: 0.7.4 (101 MB) does
 # not fit; 0.6.18.post1 (18 MB) or 0.7.0.post1 (34 MB) do.
+# shellcheck source=SCRIPTDIR/../../../tools/gpu_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../tools/gpu_common.sh"  # set -uo pipefail; gpu_plugin_*, fail, ...
 
 help() {
   cat <<'HELP'
@@ -35,52 +37,15 @@ slim-run       with the slim library built here or carried in .slim/ (a file fro
 HELP
 }
 STEPS="check build conformance slim-build slim-run"
-case "${1:-}" in
-  --help | -h) help; exit 0 ;;
-  --steps) tr ' ' '\n' <<< "$STEPS"; exit 0 ;;
-esac
-
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-SITE=${SITE:-/tmp/site}
+gpu_plugin_args "$@"
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}   # JIT cache: ~/.cache/flashinfer moved
 export MAX_JOBS=${MAX_JOBS:-16}
 PLUGIN=plugins/flashinfer-mxfp4
-status=0
-fail() { echo "FAILED: $*"; status=1; }
+gpu_plugin_setup "$PLUGIN" wheels gpu.txt  # the .whl/ wheels, core and the plugin; versions -> gpu.txt
 seconds_for() {  # the default S of a build step: DEFAULT, or the step's limit (tools/gpu.sh) less 30 when smaller
   local s=$1
   if [ -n "${MOE_STEP_LIMIT:-}" ] && [ $((MOE_STEP_LIMIT - 30)) -lt "$s" ]; then s=$((MOE_STEP_LIMIT - 30)); fi
   echo "$s"
-}
-
-install() {
-  if [ -n "${MOE_SKIP_INSTALL:-}" ]; then
-    return
-  elif ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-      2>&1 | tail -2
-  else
-    echo "no .whl/ folder: flashinfer must already be importable"
-  fi
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-  python3 -m pip install -q --no-deps --no-build-isolation -e core -e "$PLUGIN" 2>&1 | tail -2
-}
-
-versions() {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-  (nvcc --version | tail -1) 2>&1 | tee -a "$OUT/gpu.txt"
-  python3 - <<'PY' 2>&1 | tee -a "$OUT/gpu.txt"
-import sys, torch, importlib.metadata as md
-print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
-      "capability", torch.cuda.get_device_capability(), torch.cuda.get_device_name())
-for dist in ("flashinfer-python", "apache-tvm-ffi", "flashinfer-jit-cache", "flashinfer-cubin"):
-    try:
-        print(dist, md.version(dist))
-    except md.PackageNotFoundError:
-        print(dist, "not installed")
-PY
 }
 
 check() {
@@ -133,7 +98,7 @@ sys.exit(0 if (spec.is_compiled or spec.is_aot) else 1)"; then
     2>&1 | tail -25 | tee "$OUT/pytest-conformance.txt" || fail "conformance tests"
   FLASHINFER_DISABLE_JIT=1 python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4.json" \
     || fail "moe check flashinfer_mxfp4 (exit $?)"
-  python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+  gpu_summarize_check "$OUT/check-flashinfer_mxfp4.json"
 }
 
 slim_library() {
@@ -167,18 +132,16 @@ slim_run() {
   python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider 2>&1 | tail -15 \
     | tee "$OUT/pytest-conformance-slim.txt" || fail "conformance tests (slim)"
   if [ -z "${MOE_SKIP_INSTALL:-}" ]; then
-    python3 -m pip install -q --no-deps --no-build-isolation -e plugins/triton-moe 2>&1 | tail -1
+    gpu_install_editable plugins/triton-moe 2>&1 | tail -n 1
   fi
   python3 -m moe_core.cli bench --backend flashinfer_mxfp4 --backend triton --scheme mxfp4 --preset gpt-oss-120b \
     --output "$OUT/bench-mxfp4-flashinfer-triton.json" 2>&1 | tail -16 || fail "bench flashinfer_mxfp4 + triton"
   python3 -m moe_core.cli check flashinfer_mxfp4 --json > "$OUT/check-flashinfer_mxfp4-slim.json" \
     || fail "moe check flashinfer_mxfp4 (exit $?)"
-  python3 -c "import json; d=json.load(open('$OUT/check-flashinfer_mxfp4-slim.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['kind'], c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+  gpu_summarize_check "$OUT/check-flashinfer_mxfp4-slim.json"
   unset MOE_FLASHINFER_MXFP4_SM90_MODULE FLASHINFER_DISABLE_JIT
 }
 
-install
-versions
 [ $# -eq 0 ] && set -- check
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -187,7 +150,7 @@ while [ $# -gt 0 ]; do
     conformance) conformance; shift ;;
     slim-build) if [[ "${2:-}" =~ ^[0-9]+$ ]]; then slim_build "$2"; shift 2; else slim_build; shift; fi ;;
     slim-run) slim_run; shift ;;
-    *) echo "unknown step $1 (steps: $STEPS)"; exit 2 ;;
+    *) gpu_unknown_step "$1" ;;
   esac
 done
 exit $status

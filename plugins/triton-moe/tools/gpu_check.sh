@@ -3,8 +3,8 @@
 # Reached through the one entry point: bash tools/gpu.sh triton:STEP [ARGS] (each step in its own folder);
 # standalone: bash plugins/triton-moe/tools/gpu_check.sh STEP [ARGS] [STEP ...] (installs core + plugin first,
 # unless MOE_SKIP_INSTALL is set).
-set -uo pipefail
-export PYTHONUNBUFFERED=1
+# shellcheck source=SCRIPTDIR/../../../tools/gpu_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../tools/gpu_common.sh"  # set -uo pipefail; gpu_plugin_*, fail, ...
 
 help() {
   cat <<'HELP'
@@ -25,29 +25,20 @@ profile        per-kernel GPU time next to the CUDA-graph time (tools/profile_la
 ncu            Nsight Compute counters of GEMM1/GEMM2 (NCU_RUNS "preset:scheme ...", NCU_TOKENS default 1)
                -> ncu-PRESET-SCHEME.txt
 tune SCHEME PRESET...  `moe tune triton` (TUNE_TOKENS default 1,8,64,512,4096, each M saved when done;
-               TUNE_TIMEOUT seconds, default the step's limit less 20, or 300) -> the updated kernel_configs/*.json
+               TUNE_TIMEOUT seconds, default the step's limit less 20, or 300) with MOE_TRITON_TABLE_DIR=
+               $OUT/triton-table (later steps of the same gpu_check.sh call read it too) -> triton-table/
+               <device>.json: the entries tuned here only (to ship them, copy them into kernel_configs/)
 Every step also writes versions.txt.
 HELP
 }
 STEPS="tests check gpu-tests bench bench-quant bench-torch bench-decode ab-flags profile ncu tune"
-case "${1:-}" in
-  --help | -h) help; exit 0 ;;
-  --steps) tr ' ' '\n' <<< "$STEPS"; exit 0 ;;
-esac
-
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-status=0
-fail() { echo "FAILED: $*"; status=1; }
-if [ -z "${MOE_SKIP_INSTALL:-}" ]; then
-  python3 -m pip install -q --no-deps --no-build-isolation -e core -e plugins/triton-moe 2>&1 | tail -2
-fi
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+gpu_plugin_args "$@"
+gpu_plugin_setup plugins/triton-moe "" versions.txt
 moe() { python3 -m moe_core.cli "$@"; }
 check_triton() {
   moe check triton --json > "$OUT/check-triton-cuda.json" || fail "moe check triton (exit $?)"
-  python3 -c "import json; d=json.load(open('$OUT/check-triton-cuda.json')); print({k: d[k] for k in ('passed','failed','skipped')}); [print(c['id'], c['reason'][:300]) for c in d['cases'] if c['status']=='failed']"
+  gpu_summarize_check "$OUT/check-triton-cuda.json"
 }
-is_step() { [[ " $STEPS " == *" $1 "* ]]; }
 while [ $# -gt 0 ]; do
   case "$1" in
     tests)
@@ -117,15 +108,17 @@ while [ $# -gt 0 ]; do
       shift ;;
     tune)
       scheme=${2:?tune needs SCHEME PRESET...}; shift 2; presets=()
-      while [ $# -gt 0 ] && ! is_step "$1"; do
+      while [ $# -gt 0 ] && ! gpu_is_step "$1"; do
         presets+=(--preset "$1"); shift
       done
       limit=300
       [ -n "${MOE_STEP_LIMIT:-}" ] && limit=$((MOE_STEP_LIMIT - 20))
+      # the tuner writes the user's table (never the package): here a folder of $OUT, so it comes back
+      export MOE_TRITON_TABLE_DIR=$OUT/triton-table
       timeout "${TUNE_TIMEOUT:-$limit}" python3 -m moe_core.cli tune triton --scheme "$scheme" ${presets[@]+"${presets[@]}"} \
         --tokens "${TUNE_TOKENS:-1,8,64,512,4096}" 2>&1 | tail -60 || fail "tune $scheme (exit ${PIPESTATUS[0]})"
-      cp plugins/triton-moe/src/moe_triton/kernel_configs/*.json "$OUT/" 2>/dev/null ;;
-    *) echo "unknown step $1 (steps: $STEPS)"; exit 2 ;;
+      ls -l "$MOE_TRITON_TABLE_DIR" 2>&1 ;;
+    *) gpu_unknown_step "$1" ;;
   esac
 done
 exit $status
