@@ -19,5 +19,6 @@ def on_cuda(**kw) -> MoeProblem:
     return MoeProblem(nvfp4_config(**kw), "cuda")
 
 
-#: for tests that assert what THIS (GPU-less) machine answers; they skip where CUDA is real (``bash tools/gpu.sh cutlass:check``)
+#: for tests that assert what THIS (GPU-less) machine answers; they skip where CUDA is real
+#: (``bash tools/gpu.sh cutlass:check``)
 no_cuda_here = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the answers of a machine without CUDA")

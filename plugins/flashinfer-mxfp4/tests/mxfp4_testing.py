@@ -51,5 +51,6 @@ def bound(real, impl=None, calls: list | None = None):
     return stand_in
 
 
-#: for tests that assert what THIS (GPU-less) machine answers; they skip where CUDA is real (``bash tools/gpu.sh flashinfer:check``)
+#: for tests that assert what THIS (GPU-less) machine answers; they skip where CUDA is real
+#: (``bash tools/gpu.sh flashinfer:check``)
 no_cuda_here = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the answers of a machine without CUDA")

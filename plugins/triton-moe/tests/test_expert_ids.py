@@ -21,6 +21,7 @@ from moe_core.tolerances import relative_l2, tolerance
 from moe_triton import fused_op, launch
 from moe_triton.fused_op import TritonFusedOp
 from moe_triton.kernels import align as align_mod
+from moe_triton.launch_args import Activation, AlignedRouting
 from moe_triton.layout import prepare_weights
 
 WIDE = "fp32" if FLOAT == torch.float32 else "bf16"
@@ -129,16 +130,14 @@ def test_null_segment_blocks_skip_gemm1_and_zero_their_gemm2_rows():
     tw = tw.reshape(-1).contiguous()
     n_blocks, g = align_mod.max_blocks(10, 8, 16), _kc(32, 2).gemm1
     scratch1, scratch2, counters = launch.split_scratch(n_blocks, 16, DEVICE, (2, 128, 64, 32), (2, 128, 128, 32))
-    index = align_mod.align(bad, 8, 16, zero=counters)
-    null = slice(*index[2][8:].tolist())
+    routing = AlignedRouting(tw, *align_mod.align(bad, 8, 16, zero=counters), top_k=2, block_m=16)
+    null = slice(*routing.offsets[8:].tolist())
     assert null.stop - null.start == 16  # four invalid pairs, padded to one block
     inter = _PoisonedTorch.empty(n_blocks * 16, 64, dtype=FLOAT, device=DEVICE)
-    launch.launch_gemm1(x, p.w13, p.w13_scale, p.w13_mult, p.b13, tw, *index, inter, WIDE, "silu", 1.702, 7.0,
-                        False, 2, 16, g, 2, split=scratch1)  # fmt: skip
+    launch.launch_gemm1(x, p.gemm1(), routing, Activation("silu"), inter, g, split=scratch1)
     assert inter[null].isnan().all()
     y = _PoisonedTorch.empty(10, 128, dtype=FLOAT, device=DEVICE)
-    launch.launch_gemm2(inter, p.w2, p.w2_scale, p.w2_mult, p.b2, tw, *index, y, WIDE, False, 2, 16, g, False,
-                        split_k=2, split=scratch2)  # fmt: skip
+    launch.launch_gemm2(inter, p.gemm2(), routing, y, g, split=scratch2)
     invalid = (bad.reshape(-1) < 0) | (bad.reshape(-1) >= 8)
     assert y[invalid].isnan().all() and torch.isfinite(y[~invalid]).all()
     assert not counters.any()

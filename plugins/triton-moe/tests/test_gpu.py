@@ -45,12 +45,12 @@ def _captured(runner, x, ids, tw):
     return graph, out
 
 
-def test_decode_shape_uses_split_k_when_automatic_split_is_on(monkeypatch):
-    from moe_triton import kernel_configs
+def test_decode_shape_uses_split_k_when_automatic_split_is_on():
+    from moe_triton import kernel_configs, switches
 
-    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", True)
     cfg = kernel_configs.select_config("bf16", 16, 512, 256, 4, 1, "cuda")
-    assert kernel_configs.resolve_split_k("bf16", 16, 512, 256, 4, 1, cfg, "cuda") > 1
+    with switches.override(auto_split_k=True):
+        assert kernel_configs.resolve_split_k("bf16", 16, 512, 256, 4, 1, cfg, "cuda") > 1
 
 
 @pytest.mark.parametrize("scheme,activation,bias,m", CASES)
@@ -84,24 +84,24 @@ def test_torch_compile_fullgraph_matches_eager(scheme, activation, bias, m):
 
 
 @pytest.mark.parametrize("scheme,activation,bias,m", [*CASES, ("bf16", "silu", False, 700)])  # 700: two-kernel align
-def test_programmatic_dependent_launch_matches_plain_launches(monkeypatch, scheme, activation, bias, m):
-    """MOE_TRITON_PDL=1 (every kernel waits for its predecessor in its first statement): bitwise the same
+def test_programmatic_dependent_launch_matches_plain_launches(scheme, activation, bias, m):
+    """The pdl switch (every kernel waits for its predecessor in its first statement): bitwise the same
     output, eager and in a CUDA graph (with fp8_block also through the once-per-forward quantization)."""
-    from moe_triton import kernel_configs, launch
+    from moe_triton import launch, switches
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs SM90+")
-    monkeypatch.setattr(kernel_configs, "FP8_PREQUANT", scheme == "fp8_block")
-    runner, (x, ids, tw) = _runner(scheme, activation, bias, m)
-    plain = runner(x, ids, tw).clone()
-    monkeypatch.setattr(kernel_configs, "PDL", True)
-    assert launch.pdl_kwargs(x.device) == {"PDL": True, "launch_pdl": True}
-    assert torch.equal(runner(x, ids, tw), plain)
-    graph, out = _captured(runner, x, ids, tw)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, plain)
+    with switches.override(fp8_prequant=scheme == "fp8_block", pdl=False):
+        runner, (x, ids, tw) = _runner(scheme, activation, bias, m)
+        plain = runner(x, ids, tw).clone()
+        with switches.override(pdl=True):
+            assert launch.pdl_kwargs(x.device) == {"PDL": True, "launch_pdl": True}
+            assert torch.equal(runner(x, ids, tw), plain)
+            graph, out = _captured(runner, x, ids, tw)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, plain)
 
 
 # expert ids outside [0, E) on a qwen3-30b-a3b-like layer (E=128, k=8): M=8 aligns in one program, M=4096 in two

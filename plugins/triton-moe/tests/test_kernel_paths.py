@@ -17,7 +17,8 @@ from moe_core import MoeConfig
 from moe_core.reference import reference_for
 from moe_core.synthetic import random_inputs, random_weights
 from moe_core.tolerances import relative_l2, tolerance
-from moe_triton import kernel_configs, launch
+from moe_triton import kernel_configs, launch, switches
+from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights
 from moe_triton.layout import prepare_weights
 
 CUDA = torch.cuda.is_available()
@@ -30,10 +31,16 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
     p = prepare_weights(cfg.quant_scheme, weights)
     out = torch.empty(x.shape[0], cfg.hidden_size, dtype=cfg.dtype, device=x.device)
     launch.run_fused_moe(
-        x, ids, tw, p.w13, p.w2, p.w13_scale, p.w2_scale, p.b13, p.b2, out, cfg.quant_scheme, cfg.activation,
-        cfg.swiglu_alpha, cfg.swiglu_limit, cfg.apply_router_weight_on_input, p.w13_mult, p.w2_mult,
+        x,
+        ids,
+        tw,
+        p.gemm1(),
+        p.gemm2(),
+        Activation(cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit),
+        out,
+        router_on_input=cfg.apply_router_weight_on_input,
         config=kernel_config,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -121,34 +128,31 @@ def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_the_gemms():
     rows = n_blocks * 16
     scratch1, scratch2, counters = launch.split_scratch(n_blocks, 16, DEVICE, (3, 192, 96, 32), (2, 192, 192, 32))
     assert counters.numel() == n_blocks * 9 and scratch2[0].shape == (2, rows, 192)
+    assert (scratch1.factor, scratch2.factor) == (3, 2)
     counters.fill_(7)
-    index = align(ids, 8, 16, zero=counters)
+    routing = AlignedRouting(tw, *align(ids, 8, 16, zero=counters), top_k=2, block_m=16)
     assert not counters.any()
     with pytest.raises(ValueError, match="int32"):
         align(ids, 8, 16, zero=torch.zeros(4, device=DEVICE))
 
-    def gemm1(split_k, split=None):
+    def gemm1(split=None):
         out = torch.zeros(rows, 96, dtype=FLOAT, device=DEVICE)
-        launch.launch_gemm1(x, p.w13, p.w13_scale, p.w13_mult, p.b13, tw, *index, out, scheme, "silu", 1.702, 7.0,
-                            False, 2, 16, g, split_k, split=split)  # fmt: skip
+        launch.launch_gemm1(x, p.gemm1(), routing, Activation("silu"), out, g, split=split)
         return out
 
-    def gemm2(a, split_k, split=None):
+    def gemm2(a, split=None):
         y = torch.zeros(10, 192, dtype=FLOAT, device=DEVICE)
-        launch.launch_gemm2(a, p.w2, p.w2_scale, p.w2_mult, p.b2, tw, *index, y, scheme, False, 2, 16, g, False,
-                            split_k=split_k, split=split)  # fmt: skip
+        launch.launch_gemm2(a, p.gemm2(), routing, y, g, split=split)
         return y
 
-    first = gemm1(3, scratch1)
+    first = gemm1(scratch1)
     assert not counters.any()
-    assert torch.equal(gemm1(3, scratch1), first)
-    assert relative_l2(first, gemm1(1)) <= tolerance(scheme, FLOAT)
-    y = gemm2(first, 2, scratch2)
+    assert torch.equal(gemm1(scratch1), first)
+    assert relative_l2(first, gemm1()) <= tolerance(scheme, FLOAT)
+    y = gemm2(first, scratch2)
     assert not counters.any()
-    assert torch.equal(gemm2(first, 2, scratch2), y)
-    assert relative_l2(y, gemm2(first, 1)) <= tolerance(scheme, FLOAT)
-    with pytest.raises(ValueError, match="split_scratch"):
-        gemm1(3)
+    assert torch.equal(gemm2(first, scratch2), y)
+    assert relative_l2(y, gemm2(first)) <= tolerance(scheme, FLOAT)
 
 
 def test_mxfp4_expert_with_shifted_scales():
@@ -172,8 +176,8 @@ def test_prepared_weights_are_required_for_mxfp4():
     x, ids, tw = random_inputs(cfg, 2, DEVICE)
     out = torch.empty(2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="prepared layout"):
-        launch.run_fused_moe(x, ids, tw, w.w13, w.w2, w.w13_scale, w.w2_scale, None, None, out, "mxfp4", "silu",
-                             1.702, 7.0, False)  # fmt: skip
+        launch.run_fused_moe(x, ids, tw, GemmWeights("mxfp4", w.w13, w.w13_scale),
+                             GemmWeights("mxfp4", w.w2, w.w2_scale), Activation("silu"), out)  # fmt: skip
 
 
 def test_sanitize_leaves_gemm2_unsplit_for_split_0():
@@ -205,10 +209,8 @@ def test_tables_without_split_k_still_load():
     kc = kernel_configs.KernelConfig.from_dict(entry)
     assert kc.split_k == 0  # decided at launch
     assert kernel_configs.KernelConfig.from_dict(kc.as_dict()) == kc
-    table = kernel_configs._load_table("NVIDIA_H200", None)
-    for per_m in table["entries"].values():
-        for c in per_m.values():
-            kernel_configs.KernelConfig.from_dict(c)
+    shipped = kernel_configs.shipped_table("NVIDIA_H200")  # every entry parsed
+    assert shipped and all(isinstance(c, kernel_configs.KernelConfig) for e in shipped.values() for c in e.values())
 
 
 @pytest.mark.skipif(not CUDA, reason="fp8_block needs CUDA (the interpreter's fp8 dot is inexact)")
@@ -222,27 +224,28 @@ def test_fp8_block_split_k_on_cuda(split):
 
 @pytest.mark.skipif(not CUDA, reason="the inline-PTX MXFP4 decode runs on CUDA only")
 @pytest.mark.parametrize("m,split", [(5, 1), (5, 2), (1, 0)])
-def test_mxfp4_inline_ptx_decode_on_cuda(monkeypatch, m, split):
-    monkeypatch.setattr(kernel_configs, "MXFP4_DECODE_ASM", True)
+def test_mxfp4_inline_ptx_decode_on_cuda(m, split):
     cfg = MoeConfig(8, 2, 256, 192, quant_scheme="mxfp4", activation="swiglu_oai", dtype=torch.bfloat16, has_bias=True)
     weights = random_weights(cfg, DEVICE)
-    out, inputs = _check(cfg, weights, m, _kc(128, split, block_n=64))
-    monkeypatch.setattr(kernel_configs, "MXFP4_DECODE_ASM", False)
-    assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n=64)), out)  # same bits as portable
+    with switches.override(mxfp4_asm=True):
+        out, inputs = _check(cfg, weights, m, _kc(128, split, block_n=64))
+    with switches.override(mxfp4_asm=False):
+        assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n=64)), out)  # same bits as bit-ops
 
 
 def test_automatic_split_k_is_off_by_default_and_a_pinned_split_still_applies(monkeypatch):
-    from moe_triton import kernel_configs
-
     cfg = kernel_configs.heuristic_config("bf16", 256, 7168, 256, 8, 1)
     monkeypatch.setattr(kernel_configs, "sm_count", lambda device: 132)  # an H200's SMs, so the heuristic would split
-    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", False)
-    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") == 1
-    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", True)
-    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") > 1
+    assert switches.Switches().auto_split_k is False
+    with switches.override(auto_split_k=False):
+        assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") == 1
+    with switches.override(auto_split_k=True):
+        assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, cfg, "cpu") > 1
     pinned = kernel_configs.KernelConfig(cfg.block_m, cfg.gemm1, cfg.gemm2, split_k=3)
-    monkeypatch.setattr(kernel_configs, "AUTO_SPLIT_K", False)
-    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu") == 3
+    with switches.override(auto_split_k=False):
+        assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu") == 3
+    forced = switches.Switches(split_k=2)
+    assert kernel_configs.resolve_split_k("bf16", 256, 7168, 256, 8, 1, pinned, "cpu", forced) == 2
 
 
 def test_fp8_activation_group_quantization():
@@ -263,11 +266,11 @@ def test_fp8_activation_group_quantization():
 
 @pytest.mark.skipif(not CUDA, reason="fp8_block needs CUDA (the interpreter's fp8 dot is inexact)")
 @pytest.mark.parametrize("split,on_input", [(1, False), (4, False), (1, True)])
-def test_fp8_block_activations_quantized_once_give_the_same_result(monkeypatch, split, on_input):
+def test_fp8_block_activations_quantized_once_give_the_same_result(split, on_input):
     cfg = MoeConfig(8, 1 if on_input else 2, 512, 256, quant_scheme="fp8_block", activation="silu",
                     dtype=torch.bfloat16, apply_router_weight_on_input=on_input)  # fmt: skip
     weights = random_weights(cfg, DEVICE)
-    monkeypatch.setattr(kernel_configs, "FP8_PREQUANT", False)
-    in_loop, inputs = _check(cfg, weights, 5, _kc(128, split))
-    monkeypatch.setattr(kernel_configs, "FP8_PREQUANT", True)
-    assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), in_loop)
+    with switches.override(fp8_prequant=False):
+        in_loop, inputs = _check(cfg, weights, 5, _kc(128, split))
+    with switches.override(fp8_prequant=True):
+        assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), in_loop)

@@ -106,19 +106,16 @@ def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
     large = kernel_configs.KernelConfig(
         64, kernel_configs.GemmConfig(128, 64, 8, 8, 3), kernel_configs.GemmConfig(128, 64, 8, 8, 4)
     )
+    monkeypatch.setenv("MOE_TRITON_TABLE_DIR", str(tmp_path))
+    assert kernel_configs.user_table_path("cpu") == tmp_path / "cpu.json"
     (tmp_path / "cpu.json").write_text(json.dumps({"entries": {key: {"1": small.as_dict(), "512": large.as_dict()}}}))
-    entry = kernel_configs.tuned_entry("cpu", key, str(tmp_path))
-    assert entry == {1: small, 512: large}
-    monkeypatch.setattr(
-        kernel_configs, "_load_table", lambda slug, d=None: json.loads((tmp_path / "cpu.json").read_text())
-    )
-    kernel_configs._select.cache_clear()
+    kernel_configs.clear_cache()
+    assert kernel_configs.tuned_entry("cpu", key) == {1: small, 512: large}
     assert kernel_configs.select_config("bf16", 8, 64, 32, 2, 3, "cpu") == small
     assert kernel_configs.select_config("bf16", 8, 64, 32, 2, 400, "cpu") == large
-    kernel_configs._select.cache_clear()
 
 
-def test_tune_table_merges_per_token_count(tmp_path):
+def test_tune_table_merges_per_token_count(tmp_path, monkeypatch):
     """Tuning writes each finished M at once; a later run for other Ms keeps the earlier ones."""
     pytest.importorskip("triton")
     from moe_triton import kernel_configs
@@ -140,7 +137,9 @@ def test_tune_table_merges_per_token_count(tmp_path):
     write_table(path, "cpu", {key: {1: c}})
     table = json.loads(path.read_text())
     assert table["device"] == "cpu" and list(table["entries"][key]) == ["1", "4096"]
-    assert kernel_configs.tuned_entry("cpu", key, str(tmp_path)) == {1: c, 4096: b}
+    monkeypatch.setenv("MOE_TRITON_TABLE_DIR", str(tmp_path))
+    kernel_configs.clear_cache()
+    assert kernel_configs.tuned_entry("cpu", key) == {1: c, 4096: b}
 
 
 def test_tune_candidates_swap_operands_for_mxfp4_only():

@@ -1,11 +1,14 @@
-"""A/B the forward's switches on a GPU: each setting in its own process (the flags are read at import).
+"""A/B the forward's runtime switches on a GPU, every setting in this one process.
 
-Settings (``SETTINGS``): ``base`` (the defaults), ``pdl`` (``MOE_TRITON_PDL=1``), ``in-loop``
-(``MOE_TRITON_FP8_PREQUANT=0``, fp8_block only), ``pdl+in-loop``, ``bitops`` (``MOE_TRITON_MXFP4_ASM=0``:
-the Triton bit-op E2M1 decode instead of inline PTX, mxfp4 only) and ``unsplit`` (``MOE_TRITON_SPLIT_K=1``:
-GEMM1 never splits K, whatever the table says). For each, ``moe bench`` (CUDA-graph replay, median) at
-decode sizes on bf16 (the four presets), fp8_block (deepseek-v3-tp8) and mxfp4 (gpt-oss-120b); one JSON
-with every row and a table of each setting's time against ``base``.
+Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the switches' defaults, whatever
+the environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent launch), ``in-loop``
+(``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
+(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX) and ``unsplit`` (``split_k=1``:
+GEMM1 never splits K, whatever the table says). Each (preset, scheme, M) row is timed under every
+setting that applies to its scheme, one after another on the same weights and inputs, as ``moe bench``
+times a row (CUDA-graph replay, median; a fresh graph per setting): bf16 on the four model presets,
+fp8_block on deepseek-v3-tp8 and mxfp4 on gpt-oss-120b, at decode sizes. Prints each setting's time
+against ``base`` and, with ``--output``, writes every row (with its setting) as JSON.
 
     python plugins/triton-moe/tools/ab_flags.py --tokens 1,8,64 --output ab-flags.json
 """
@@ -14,20 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
-#: label -> (environment, the schemes it changes; None: all)
+#: label -> (switch values changed from the defaults, the schemes it changes; None: all)
 SETTINGS = {
     "base": ({}, None),
-    "pdl": ({"MOE_TRITON_PDL": "1"}, None),
-    "in-loop": ({"MOE_TRITON_FP8_PREQUANT": "0"}, {"fp8_block"}),
-    "pdl+in-loop": ({"MOE_TRITON_PDL": "1", "MOE_TRITON_FP8_PREQUANT": "0"}, {"fp8_block"}),
-    "bitops": ({"MOE_TRITON_MXFP4_ASM": "0"}, {"mxfp4"}),
-    "unsplit": ({"MOE_TRITON_SPLIT_K": "1"}, None),
+    "pdl": ({"pdl": True}, None),
+    "in-loop": ({"fp8_prequant": False}, {"fp8_block"}),
+    "pdl+in-loop": ({"pdl": True, "fp8_prequant": False}, {"fp8_block"}),
+    "bitops": ({"mxfp4_asm": False}, {"mxfp4"}),
+    "unsplit": ({"split_k": 1}, None),
 }
 RUNS = [  # (scheme, presets)
     ("bf16", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-tp8", "gpt-oss-120b"]),
@@ -36,33 +37,45 @@ RUNS = [  # (scheme, presets)
 ]
 
 
-def bench(scheme: str, presets: list[str], tokens: str, env: dict, path: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "moe_core.cli", "bench", "--backend", "triton", "--scheme", scheme,
-           "--tokens", tokens, "--output", str(path)]  # fmt: skip
-    for preset in presets:
-        cmd += ["--preset", preset]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"  FAILED ({' '.join(f'{k}={v}' for k, v in env.items()) or 'defaults'}) {scheme}: "
-              f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")  # fmt: skip
-        return []
-    return json.loads(path.read_text())["rows"]
+def settings_for(scheme: str) -> list[tuple[str, dict]]:
+    """(label, full switch values) of every setting that changes something for ``scheme``."""
+    from moe_triton.switches import Switches
+
+    defaults = asdict(Switches())
+    return [(label, {**defaults, **changes}) for label, (changes, schemes) in SETTINGS.items()
+            if schemes is None or scheme in schemes]  # fmt: skip
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", default="1,8,64")
-    parser.add_argument("--output", help="write every row (with its setting) as JSON here")
-    args = parser.parse_args(argv)
+def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, repeat: int, dtype=None) -> list[dict]:
+    """Rows of one preset (activations ``dtype``, default bf16): each token count timed under each setting,
+    the settings interleaved per M."""
+    import torch
+
+    from moe_core import MoeRunner
+    from moe_core.presets import PRESETS
+    from moe_core.synthetic import random_weights
+    from moe_core.timing import bench_row
+    from moe_triton import switches
+
+    config = PRESETS[preset].config(scheme, dtype or torch.bfloat16)
+    weights = random_weights(config, device)
+    runner = MoeRunner(config, weights, backend="triton")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, (env, schemes) in SETTINGS.items():
-            for scheme, presets in RUNS:
-                if schemes is not None and scheme not in schemes:
-                    continue
-                print(f"{label}: {scheme}", flush=True)
-                for row in bench(scheme, presets, args.tokens, env, Path(tmp) / "rows.json"):
-                    rows.append({**row, "setting": label})
+    for m in tokens:
+        for label, values in settings_for(scheme):
+            try:
+                with switches.override(**values):
+                    row = bench_row(preset, "triton", config, weights, runner, m, ceilings, device, repeat=repeat)
+            except Exception as exc:  # one setting failing must not lose the others' rows
+                print(f"  FAILED {label} {preset} {scheme} M={m}: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            rows.append({**row.as_dict(), "setting": label})
+    del runner, weights
+    torch.cuda.empty_cache()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
     base = {(r["preset"], r["scheme"], r["tokens"]): r["time_us"] for r in rows if r["setting"] == "base"}
     print(f"\n{'preset':<18}{'scheme':<11}{'M':>5}  " + "".join(f"{s:>16}" for s in SETTINGS))
     for key in sorted(base):
@@ -72,8 +85,33 @@ def main(argv=None) -> int:
                       (r["preset"], r["scheme"], r["tokens"]) == key), None)  # fmt: skip
             cells.append(f"{t:8.1f} ({base[key] / t:4.2f}x)" if t else f"{'-':>16}")
         print(f"{key[0]:<18}{key[1]:<11}{key[2]:>5}  " + "".join(f"{c:>16}" for c in cells))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,8,64", help="comma-separated token counts (default 1,8,64)")
+    parser.add_argument("--repeat", type=int, default=20, help="timed samples per row; the median is reported")
+    parser.add_argument("--output", help="write every row (with its setting) as JSON here")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("ab_flags times the forward on a CUDA GPU; none is available", file=sys.stderr)
+        return 1
+    from moe_core.timing import measure_ceilings
+
+    device = torch.device("cuda")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    ceilings = measure_ceilings(device)
+    rows = []
+    for scheme, presets in RUNS:
+        for preset in presets:
+            print(f"{preset} {scheme}: {', '.join(label for label, _ in settings_for(scheme))}", flush=True)
+            rows += bench_preset(scheme, preset, tokens, ceilings, device, args.repeat)
+    print_table(rows)
     if args.output:
-        Path(args.output).write_text(json.dumps({"rows": rows}, indent=1))
+        document = {"device": ceilings.name, "torch": torch.__version__, "rows": rows}
+        Path(args.output).write_text(json.dumps(document, indent=1))
     return 0
 
 

@@ -1,8 +1,8 @@
 """Compile every moe_triton kernel variant for sm90 on a CPU (frontend + ptxas), to catch errors without a GPU.
 
 Run without TRITON_INTERPRET (the interpreter replaces @triton.jit functions).
-The H200 runs Triton 3.6, stricter than the 3.9 used here, so every constexpr
-branch the forward can take is compiled: each scheme x activation x bias x
+A GPU machine's Triton may be older and stricter than the one here, so every
+constexpr branch the forward can take is compiled: each scheme x activation x bias x
 split-K (GEMM1 partials and their in-kernel reduction), the MXFP4 chunk loop at BLOCK_K
 64/128/256, and the fp16/fp32 activations of the interpreter tests.
 ``--dump DIR`` writes each variant's TTGIR/PTX/cubin there (to inspect layouts, or diff SASS with nvdisasm).
@@ -119,14 +119,14 @@ for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (
         gemm2(2, True, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
 gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
 gemm2(2, True, block_k=128, asm=True, swap=True, split=2)
-for split in (1, 4):  # fp8_block with activations quantized once per forward (FP8_PREQUANT)
+for split in (1, 4):  # fp8_block with activations quantized once per forward (the fp8_prequant switch)
     for bias in (False, True):
         gemm1(1, 0, bias, split, a_fp8=True)
 gemm1(1, 0, False, 1, router=True, a_fp8=True)
 for pdl in (False, True):
     build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
           dict(ROWS=16, PDL=pdl), f"quant_fp8_groups{'_pdl' if pdl else ''}")  # fmt: skip
-# programmatic dependent launch (MOE_TRITON_PDL=1): every kernel of the forward with its grid-dependency prologue
+# programmatic dependent launch (the pdl switch): every kernel of the forward with its grid-dependency prologue
 gemm1(0, 0, False, 1, pdl=True)
 gemm1(0, 0, False, 4, pdl=True)
 gemm1(2, 2, True, 1, asm=True, pdl=True)

@@ -25,7 +25,9 @@ def register(sub) -> None:
     )
     p.add_argument("--scheme", default="bf16", help="quant scheme to tune (default bf16)")
     add_tokens(p, "1,8,64,512,4096", "comma-separated token counts (default 1,8,64,512,4096)")
-    p.add_argument("--output", "-o", help="table file to write/merge (default: the backend's packaged table)")
+    p.add_argument(
+        "--output", "-o", help="table file to write/merge (default: the backend's table in your cache directory)"
+    )
     add_device(p)
     p.set_defaults(handler=run)
 

@@ -97,7 +97,8 @@ class TritonFusedOp(FusedOp):
 
     @classmethod
     def tune(cls, presets, scheme, tokens, output=None, device="cuda"):
-        """``moe tune triton``: time candidate tiles on this GPU, write the table (see ``moe_triton.tune``)."""
+        """``moe tune triton``: time candidate tiles on this GPU and merge them into the user's table of this
+        device (``output`` elsewhere); returns the path written (see ``moe_triton.tune``)."""
         from moe_triton.tune import tune_presets
 
         return tune_presets(presets, scheme, tokens, output, device)

@@ -6,15 +6,17 @@ activation in its epilogue -> GEMM2 with bias and routing weight in its
 epilogue -> sum over the k slots (skipped when k == 1). With split-K (decode)
 either GEMM writes fp32 partials to a workspace sized from the shapes alone and
 the last program of each tile reduces them (arrival counters that the
-alignment zeroes), so the launch count is unchanged. With
-``kernel_configs.PDL`` every kernel is launched with programmatic dependent launch
-(``pdl_kwargs``) and waits for its predecessor in its first statement. Registered as
-a custom op with a fake implementation so ``torch.compile(fullgraph=True)``
-treats the whole forward as one opaque node.
+alignment zeroes), so the launch count is unchanged. With the ``pdl`` switch
+(``moe_triton.switches``) every kernel is launched with programmatic dependent
+launch (``pdl_kwargs``) and waits for its predecessor in its first statement.
+Registered as a custom op with a fake implementation so
+``torch.compile(fullgraph=True)`` treats the whole forward as one opaque node.
 
-Weights are the prepared ones (``moe_triton.layout.TritonWeights``): for mxfp4
-the chunked packed layout, folded bf16 scales ``[E, Kp/32, N]`` and the
-per-expert multipliers ``w13_mult``/``w2_mult``.
+The op's schema is flat (tensors and scalars, as ``torch.library`` needs); it
+builds the launch bundles of ``moe_triton.launch_args`` once and
+``run_fused_moe`` and the GEMM launches take those. Weights are the prepared
+ones (``moe_triton.layout.TritonWeights``): for mxfp4 the chunked packed
+layout, folded bf16 scales ``[E, Kp/32, N]`` and the per-expert multipliers.
 """
 
 from __future__ import annotations
@@ -24,11 +26,19 @@ import functools
 import torch
 import triton
 
-from moe_triton import kernel_configs
-from moe_triton.kernel_configs import GemmConfig, KernelConfig, resolve_split_k, sanitize, select_config
-from moe_triton.kernels import align as align_mod
-from moe_triton.kernels import gemm
+from moe_triton.kernel_configs import (
+    GemmConfig,
+    KernelConfig,
+    resolve_split_k,
+    sanitize,
+    select_config,
+    swap_ab_supported,
+)
+from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
+from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights, SplitK
+from moe_triton.switches import Switches
+from moe_triton.switches import current as current_switches
 
 SCHEME_IDS = {
     "fp32": gemm.FLOAT,
@@ -57,15 +67,17 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _decode_asm(scheme: str, t: torch.Tensor) -> bool:
-    """Inline-PTX MXFP4 decode: enabled (``kernel_configs.MXFP4_DECODE_ASM``, default on), CUDA, bf16 activations."""
-    return kernel_configs.MXFP4_DECODE_ASM and scheme == "mxfp4" and t.is_cuda and t.dtype == torch.bfloat16
+def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool:
+    """Inline-PTX MXFP4 decode: mxfp4, CUDA, bf16 activations and the ``mxfp4_asm`` switch (default on)."""
+    if scheme != "mxfp4" or not t.is_cuda or t.dtype != torch.bfloat16:
+        return False
+    return (switches or current_switches()).mxfp4_asm
 
 
-def pdl_kwargs(device: torch.device) -> dict:
-    """Launch keywords for programmatic dependent launch (``kernel_configs.PDL``; CUDA SM90+ with Triton's
-    grid-dependency intrinsics), else none: every kernel of the forward takes them."""
-    if kernel_configs.PDL and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
+def pdl_kwargs(device: torch.device, switches: Switches | None = None) -> dict:
+    """Launch keywords for programmatic dependent launch (the ``pdl`` switch, default ``current()``'s;
+    CUDA SM90+ with Triton's grid-dependency intrinsics), else none: every kernel of the forward takes them."""
+    if (switches or current_switches()).pdl and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
         return {"PDL": True, "launch_pdl": True}
     return {}
 
@@ -77,12 +89,12 @@ def _sm90_or_newer(device: torch.device) -> bool:
 
 def _swap_ab(scheme: str, g: GemmConfig) -> bool:
     """Swapped operands where asked for and implemented (the tuner passes configs that skip ``sanitize``)."""
-    return g.swap_ab and kernel_configs.swap_ab_supported(scheme)
+    return g.swap_ab and swap_ab_supported(scheme)
 
 
 def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, int, int]):
-    """Split-K scratch for each GEMM given as ``(split_k, width, n, block_n)``: ``(fp32 partials [split_k,
-    rows, width], int32 counters, one per (row block, N tile) of ``n`` columns)``, or None where
+    """Split-K scratch for each GEMM given as ``(split_k, width, n, block_n)``: a ``SplitK`` (fp32 partials
+    ``[split_k, rows, width]``, int32 counters, one per (row block, N tile) of ``n`` columns), or None where
     ``split_k == 1``. Only rows holding a pair are written and read. The counters of all GEMMs are views of
     one buffer, returned last (None if no GEMM splits), which must be zero before the GEMMs run:
     ``align(zero=...)`` clears it without an extra launch."""
@@ -92,26 +104,24 @@ def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, i
     for (split, width, _, _), t in zip(gemms, tiles, strict=True):
         if split > 1:
             partials = torch.empty(split, n_blocks * block_m, width, dtype=torch.float32, device=device)
-            out.append((partials, counters[start : start + t]))
+            out.append(SplitK(partials, counters[start : start + t]))
         else:
             out.append(None)
         start += t
     return (*out, counters)
 
 
-def _split_args(split_k: int, split, fallback: torch.Tensor):
-    """Kernel arguments for a GEMM's split-K scratch: (partials, counters, *partials strides)."""
-    if split_k == 1:
-        return (fallback, fallback, 0, 0, 0)
-    if split is None:
-        raise ValueError(f"split_k={split_k} needs the partials and counters of split_scratch")
-    partials, counters = split
-    return (partials, counters, *partials.stride())
+def _split_args(split: SplitK | None, fallback: torch.Tensor):
+    """Kernel arguments for a GEMM's split-K scratch: (split, partials, counters, *partials strides)."""
+    if split is None or split.factor == 1:
+        return (1, fallback, fallback, 0, 0, 0)
+    return (split.factor, split.partials, split.counters, *split.partials.stride())
 
 
 def quantize_fp8_groups(x: torch.Tensor, pdl: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] -> (e4m3 codes [M, K], fp32 scales [M, ceil(K/128)]), per token and 128 columns: the
-    quantization fp8_block's GEMM1 otherwise repeats inside every N-tile program (``FP8_PREQUANT``)."""
+    quantization fp8_block's GEMM1 otherwise repeats inside every N-tile program (the ``fp8_prequant``
+    switch)."""
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(m, triton.cdiv(k, 128), dtype=torch.float32, device=x.device)
@@ -123,58 +133,79 @@ def quantize_fp8_groups(x: torch.Tensor, pdl: dict | None = None) -> tuple[torch
 
 
 def launch_gemm1(
-    x, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, out,
-    scheme: str, activation: str, alpha: float, limit: float, router_on_input: bool, top_k: int,
-    block_m: int, g: GemmConfig, split_k: int = 1, x_scale: torch.Tensor | None = None, pdl: dict | None = None,
-    split: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> None:  # fmt: skip
-    """GEMM1 into ``out``, the activated intermediate ``[rows, I]``. ``split_k > 1`` needs ``split``, the
-    (partials ``[split_k, rows, 2I]``, zeroed counters) of ``split_scratch``. ``x_scale``: ``x`` holds
-    fp8_block codes from ``quantize_fp8_groups`` and these are their scales."""
-    num_m = block_expert.numel()
-    inter = w13.shape[1] // 2
-    num_experts = w13.shape[0]
-    partials, counters, *p_strides = _split_args(split_k, split, offsets)
+    x: torch.Tensor,
+    weights: GemmWeights,
+    routing: AlignedRouting,
+    activation: Activation,
+    out: torch.Tensor,
+    tiles: GemmConfig,
+    *,
+    x_scale: torch.Tensor | None = None,
+    split: SplitK | None = None,
+    pdl: dict | None = None,
+    switches: Switches | None = None,
+) -> None:
+    """GEMM1 into ``out``, the activated intermediate ``[rows, I]``. ``split``: split K (partials
+    ``[split, rows, 2I]`` and zeroed counters of ``split_scratch``); None: unsplit. ``x_scale``: ``x``
+    holds fp8_block codes from ``quantize_fp8_groups`` and these are their scales. ``pdl``: the keywords of
+    ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode choice (None: ``current()``)."""
+    w, r, g = weights, routing, tiles
+    num_m = r.block_expert.numel()
+    inter = w.weight.shape[1] // 2
+    num_experts = w.weight.shape[0]
+    split_k, partials, counters, *p_strides = _split_args(split, r.offsets)
     a_fp8 = x_scale is not None
     gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
-        x, x_scale if a_fp8 else x, w13, w13_scale if w13_scale is not None else w13,
-        w13_mult if w13_mult is not None else topk_weights,
-        b13 if b13 is not None else x, topk_weights, sorted_ids, block_expert, offsets, out, partials, counters,
-        topk_weights.numel(), num_m, inter, x.shape[1], num_experts, float(alpha), float(limit),
-        x.stride(0), x.stride(1), x_scale.stride(0) if a_fp8 else 0, *w13.stride(),
-        *_scale_strides(w13_scale, scheme), *_bias_strides(b13), out.stride(0), out.stride(1), *p_strides,
-        A_FP8=a_fp8, TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], ACTIVATION=ACTIVATION_IDS[activation],
-        HAS_BIAS=b13 is not None, ROUTER_ON_INPUT=router_on_input, PRECISION=_precision(x.dtype), SPLIT_K=split_k,
-        DECODE_ASM=_decode_asm(scheme, x), BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-        SWAP_AB=_swap_ab(scheme, g), num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
+        x, x_scale if a_fp8 else x, w.weight, w.scale if w.scale is not None else w.weight,
+        w.mult if w.mult is not None else r.topk_weights,
+        w.bias if w.bias is not None else x, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, out,
+        partials, counters, r.topk_weights.numel(), num_m, inter, x.shape[1], num_experts,
+        float(activation.alpha), float(activation.limit),
+        x.stride(0), x.stride(1), x_scale.stride(0) if a_fp8 else 0, *w.weight.stride(),
+        *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), out.stride(0), out.stride(1), *p_strides,
+        A_FP8=a_fp8, TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], ACTIVATION=ACTIVATION_IDS[activation.name],
+        HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
+        SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
+        BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), num_warps=g.num_warps,
+        num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
 def launch_gemm2(
-    a, w2, w2_scale, w2_mult, b2, topk_weights, sorted_ids, block_expert, offsets, y,
-    scheme: str, router_on_input: bool, top_k: int, block_m: int, g: GemmConfig, by_token: bool,
-    pdl: dict | None = None, split_k: int = 1, split: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> None:  # fmt: skip
-    """GEMM2 of the intermediate ``a`` ``[rows, I]`` + bias + routing weight into ``y``: ``[M*k, H]``,
-    or ``[M, H]`` when ``by_token``. ``split_k > 1`` needs ``split`` (partials ``[split_k, rows, H]``)."""
-    num_m = block_expert.numel()
+    a: torch.Tensor,
+    weights: GemmWeights,
+    routing: AlignedRouting,
+    y: torch.Tensor,
+    tiles: GemmConfig,
+    *,
+    by_token: bool = False,
+    split: SplitK | None = None,
+    pdl: dict | None = None,
+    switches: Switches | None = None,
+) -> None:
+    """GEMM2 of the intermediate ``a`` ``[rows, I]`` + bias + routing weight into ``y``: ``[M*k, H]``, one
+    row per (token, slot) pair, or ``[M, H]`` when ``by_token`` (k == 1: no slot sum follows). ``split``
+    (partials ``[split, rows, H]``), ``pdl`` and ``switches`` as in ``launch_gemm1``."""
+    w, r, g = weights, routing, tiles
+    num_m = r.block_expert.numel()
     h = y.shape[1]
-    partials, counters, *p_strides = _split_args(split_k, split, offsets)
+    split_k, partials, counters, *p_strides = _split_args(split, r.offsets)
     gemm._gemm2[(num_m * triton.cdiv(h, g.block_n) * split_k,)](
-        a, w2, w2_scale if w2_scale is not None else w2, w2_mult if w2_mult is not None else topk_weights,
-        b2 if b2 is not None else y, topk_weights, sorted_ids, block_expert, offsets, y, partials, counters,
-        topk_weights.numel(), num_m, h, a.shape[1], w2.shape[0],
-        a.stride(0), a.stride(1), *w2.stride(), *_scale_strides(w2_scale, scheme), *_bias_strides(b2),
+        a, w.weight, w.scale if w.scale is not None else w.weight, w.mult if w.mult is not None else r.topk_weights,
+        w.bias if w.bias is not None else y, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, y,
+        partials, counters, r.topk_weights.numel(), num_m, h, a.shape[1], w.weight.shape[0],
+        a.stride(0), a.stride(1), *w.weight.stride(), *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias),
         y.stride(0), y.stride(1), *p_strides,
-        TOP_K=top_k, SCHEME=SCHEME_IDS[scheme], HAS_BIAS=b2 is not None, ROUTER_ON_INPUT=router_on_input,
-        OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k, DECODE_ASM=_decode_asm(scheme, y),
-        BLOCK_M=block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(scheme, g),
-        num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
+        TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input,
+        OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
+        DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
+        GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), num_warps=g.num_warps, num_stages=g.num_stages,
+        **(pdl or {}),
     )  # fmt: skip
 
 
-def _check_prepared(scheme: str, w13_scale, w13_mult) -> None:
-    if scheme == "mxfp4" and (w13_scale is None or w13_scale.dtype != torch.bfloat16 or w13_mult is None):
+def _check_prepared(w13: GemmWeights) -> None:
+    if w13.scheme == "mxfp4" and (w13.scale is None or w13.scale.dtype != torch.bfloat16 or w13.mult is None):
         raise ValueError(
             "moe_triton::fused_moe needs mxfp4 weights in the prepared layout (moe_triton.layout.prepare_weights: "
             "chunked packed bytes, folded bf16 scales and w13_mult/w2_mult), not the canonical uint8 scales"
@@ -185,54 +216,54 @@ def run_fused_moe(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    w13_scale: torch.Tensor | None,
-    w2_scale: torch.Tensor | None,
-    b13: torch.Tensor | None,
-    b2: torch.Tensor | None,
+    w13: GemmWeights,
+    w2: GemmWeights,
+    activation: Activation,
     out: torch.Tensor,
-    scheme: str,
-    activation: str,
-    alpha: float,
-    limit: float,
-    router_on_input: bool,
-    w13_mult: torch.Tensor | None = None,
-    w2_mult: torch.Tensor | None = None,
+    *,
+    router_on_input: bool = False,
     config: KernelConfig | None = None,
+    switches: Switches | None = None,
 ) -> None:
-    """Compute the routed-expert output into ``out`` ([M, H], contiguous) from prepared weights."""
-    _check_prepared(scheme, w13_scale, w13_mult)
+    """Compute the routed-expert output into ``out`` ([M, H], contiguous) from prepared weights
+    (``TritonWeights.gemm1()`` / ``gemm2()``). ``config``: explicit tiles (None: the table or the
+    heuristic); ``switches``: None reads ``moe_triton.switches.current()`` once for the whole forward."""
+    _check_prepared(w13)
     m, h = x.shape
     top_k = topk_ids.shape[1]
-    num_experts = w13.shape[0]
-    inter = w13.shape[1] // 2
+    num_experts = w13.weight.shape[0]
+    inter = w13.weight.shape[1] // 2
     if m == 0:
         return
+    scheme = w13.scheme
+    sw = switches or current_switches()
     cfg = (
         sanitize(config, scheme)
         if config is not None
         else select_config(scheme, num_experts, h, inter, top_k, m, x.device)
     )
-    split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device)
-    pdl = pdl_kwargs(x.device)
-    n_blocks = align_mod.max_blocks(m * top_k, num_experts, cfg.block_m)
+    split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device, sw)
+    pdl = pdl_kwargs(x.device, sw)
+    n_blocks = align.max_blocks(m * top_k, num_experts, cfg.block_m)
     split2 = cfg.split_k2
     scratch1, scratch2, counters = split_scratch(
         n_blocks, cfg.block_m, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n), (split2, h, h, cfg.gemm2.block_n)
     )
-    ids = align_mod.flat_ids(topk_ids)  # contiguous int32 [M*k]: align and the slot sum index it
-    sorted_ids, block_expert, offsets = align_mod.align(ids, num_experts, cfg.block_m, pdl, zero=counters)
-    topk_weights = topk_weights.reshape(-1).contiguous()
+    ids = align.flat_ids(topk_ids)  # contiguous int32 [M*k]: align and the slot sum index it
+    routing = AlignedRouting(
+        topk_weights.reshape(-1).contiguous(),
+        *align.align(ids, num_experts, cfg.block_m, pdl, zero=counters),
+        top_k,
+        cfg.block_m,
+        router_on_input,
+    )
     intermediate = torch.empty(n_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
-    a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and kernel_configs.FP8_PREQUANT else (x, None)
-    launch_gemm1(a, w13, w13_scale, w13_mult, b13, topk_weights, sorted_ids, block_expert, offsets, intermediate,
-                 scheme, activation, alpha, limit, router_on_input, top_k, cfg.block_m, cfg.gemm1, split,
-                 a_scale, pdl, scratch1)  # fmt: skip
+    a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and sw.fp8_prequant else (x, None)
+    launch_gemm1(a, w13, routing, activation, intermediate, cfg.gemm1, x_scale=a_scale, split=scratch1, pdl=pdl,
+                 switches=sw)  # fmt: skip
     by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
-    launch_gemm2(intermediate, w2, w2_scale, w2_mult, b2, topk_weights, sorted_ids, block_expert, offsets, y,
-                 scheme, router_on_input, top_k, cfg.block_m, cfg.gemm2, by_token, pdl, split2, scratch2)  # fmt: skip
+    launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, by_token=by_token, split=scratch2, pdl=pdl, switches=sw)
     if not by_token:
         block = min(1024, triton.next_power_of_2(h))
         gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, ids, h, y.stride(0), out.stride(0), num_experts,
@@ -259,11 +290,18 @@ def fused_moe(
     w13_mult: torch.Tensor | None = None,
     w2_mult: torch.Tensor | None = None,
 ) -> None:
-    """Routed-expert output of a MoE layer into ``out`` (see ``run_fused_moe``)."""
+    """Routed-expert output of a MoE layer into ``out`` (see ``run_fused_moe``): the flat schema,
+    unpacked into the launch bundles here, once."""
     run_fused_moe(
-        x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, b13, b2, out, scheme, activation, alpha, limit,
-        router_on_input, w13_mult, w2_mult,
-    )  # fmt: skip
+        x,
+        topk_ids,
+        topk_weights,
+        GemmWeights(scheme, w13, w13_scale, w13_mult, b13),
+        GemmWeights(scheme, w2, w2_scale, w2_mult, b2),
+        Activation(activation, alpha, limit),
+        out,
+        router_on_input=router_on_input,
+    )
 
 
 @fused_moe.register_fake

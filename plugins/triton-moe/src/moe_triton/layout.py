@@ -33,6 +33,7 @@ import torch
 from moe_core import MoeWeights
 from moe_core.quant.fp4 import pack_fp4, unpack_fp4
 from moe_core.quant.mxfp4 import UE8M0_BIAS, UE8M0_NAN, pow2_float32
+from moe_triton.launch_args import GemmWeights
 
 #: K values per re-laid-out MXFP4 chunk; every MXFP4 BLOCK_K is a multiple of it.
 MXFP4_CHUNK = 64
@@ -56,6 +57,14 @@ class TritonWeights:
     #: MXFP4 only: per-expert fp32 multiplier 2**D_e of the folded scales
     w13_mult: torch.Tensor | None = None
     w2_mult: torch.Tensor | None = None
+
+    def gemm1(self) -> GemmWeights:
+        """GEMM1's weight side (gate and up projections) as the launches take it."""
+        return GemmWeights(self.scheme, self.w13, self.w13_scale, self.w13_mult, self.b13)
+
+    def gemm2(self) -> GemmWeights:
+        """GEMM2's weight side (down projection) as the launches take it."""
+        return GemmWeights(self.scheme, self.w2, self.w2_scale, self.w2_mult, self.b2)
 
 
 def e2m1_bits_bf16(codes: torch.Tensor) -> torch.Tensor:

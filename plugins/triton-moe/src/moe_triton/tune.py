@@ -12,19 +12,26 @@ reduces its partials in the same launch): for each split in ``SPLITS`` the few
 tiles that were fastest unsplit are re-timed, and the fastest (split, tile)
 wins (1 = off is always a candidate). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
+
+The table is written to the user's table of this device
+(``kernel_configs.user_table_path``; ``--output`` elsewhere), merged with what
+is there, after every token count; the config caches are cleared after each
+write so this process's next forward sees it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import triton
 
-from moe_triton import launch
+from moe_triton import kernel_configs, launch
 from moe_triton.kernel_configs import (
     GemmConfig,
     KernelConfig,
@@ -34,6 +41,7 @@ from moe_triton.kernel_configs import (
     swap_ab_supported,
     table_key,
 )
+from moe_triton.launch_args import Activation, AlignedRouting
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
@@ -120,31 +128,30 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     tuning run cut short by a time limit keeps every M it finished).
     """
     from moe_core.synthetic import random_inputs
-    from moe_triton.kernels import align as align_mod
+    from moe_triton.kernels import align
 
     scheme, e, h, i, k = (config.quant_scheme, config.num_experts, config.hidden_size,
                           config.intermediate_size, config.top_k)  # fmt: skip
-    w = weights
-    act = (config.activation, config.swiglu_alpha, config.swiglu_limit, config.apply_router_weight_on_input, k)
+    w13, w2 = weights.gemm1(), weights.gemm2()
+    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
     result = {}
     for m in tokens:
         x, ids, tw = random_inputs(config, m, device)
         tw = tw.reshape(-1).contiguous()
         best_total, best = float("inf"), None
         for block_m, gemms in candidates(scheme, m * k / e):
-            sorted_ids, block_expert, offsets = align_mod.align(ids, e, block_m)
+            sorted_ids, block_expert, offsets = align.align(ids, e, block_m)
             n_blocks = block_expert.numel()
             y = torch.empty(m * k, h, dtype=x.dtype, device=device)
             a = torch.zeros(n_blocks * block_m, i, dtype=x.dtype, device=device)
-            index = (tw, sorted_ids, block_expert, offsets)
+            routing = AlignedRouting(tw, sorted_ids, block_expert, offsets, k, block_m,
+                                     config.apply_router_weight_on_input)  # fmt: skip
 
-            def run1(g, split_k, split, block_m=block_m, index=index, x=x, a=a):
-                launch.launch_gemm1(x, w.w13, w.w13_scale, w.w13_mult, w.b13, *index, a, scheme, *act, block_m, g,
-                                    split_k, split=split)  # fmt: skip
+            def run1(g, split_k, split, routing=routing, x=x, a=a):  # split_k: the split ``split`` holds
+                launch.launch_gemm1(x, w13, routing, act, a, g, split=split)
 
-            def run2(g, split_k, split, block_m=block_m, index=index, y=y, a=a):
-                launch.launch_gemm2(a, w.w2, w.w2_scale, w.w2_mult, w.b2, *index, y, scheme, act[3], k, block_m, g,
-                                    False, split_k=split_k, split=split)  # fmt: skip
+            def run2(g, split_k, split, routing=routing, y=y, a=a):
+                launch.launch_gemm2(a, w2, routing, y, g, split=split)
 
             def scratch(block_n, split, width, n, n_blocks=n_blocks, block_m=block_m):
                 found, counters = launch.split_scratch(n_blocks, block_m, device, (split, width, n, block_n))
@@ -190,11 +197,28 @@ def _safe(bench, fn, log=print) -> float:
         raise
 
 
+def _existing_table(path: Path) -> dict:
+    """The table at ``path`` to merge into: empty if missing, and empty with a warning if unreadable."""
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"replacing the unreadable table {path} ({exc})", RuntimeWarning, stacklevel=3)
+        return {}
+    if not isinstance(table, dict) or not isinstance(table.get("entries", {}), dict):
+        warnings.warn(f"replacing {path}: it is not a table", RuntimeWarning, stacklevel=3)
+        return {}
+    return table
+
+
 def write_table(path: Path, device, entries: dict[str, dict[int, KernelConfig]]) -> Path:
-    """Merge ``entries`` into the table file at ``path`` (created if missing): per shape key, the token
-    counts given replace those already there; other token counts of that key stay."""
+    """Merge ``entries`` into the table file at ``path`` (created with its folders if missing): per shape
+    key, the token counts given replace those already there; other token counts of that key and other
+    keys stay. Written to a temporary file and renamed, so an interrupted write leaves the old table.
+    Clears the config caches (``kernel_configs.clear_cache``): the next forward reads the new table."""
     path = Path(path)
-    table = json.loads(path.read_text()) if path.exists() else {}
+    table = _existing_table(path)
     device = torch.device(device)
     table.setdefault("device", torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
     table["triton"] = triton.__version__
@@ -205,16 +229,22 @@ def write_table(path: Path, device, entries: dict[str, dict[int, KernelConfig]])
         merged = {int(m): c for m, c in table["entries"].get(key, {}).items()}
         merged.update({m: c.as_dict() for m, c in per_m.items()})
         table["entries"][key] = {str(m): merged[m] for m in sorted(merged)}
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+    kernel_configs.clear_cache()
     return path
 
 
 def default_table_path(device) -> Path:
-    return Path(__file__).parent / "configs" / f"{device_slug(torch.device(device))}.json"
+    """The user's table of this device (``kernel_configs.user_table_path``), where tuning writes by default."""
+    return kernel_configs.user_table_path(device_slug(torch.device(device)))
 
 
 def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, device="cuda", log=print) -> Path:
-    """Tune each preset at each token count; merge into ``output`` (default: the packaged table)."""
+    """Tune each preset at each token count; merge into ``output`` (default: the user's table of this
+    device, ``default_table_path``)."""
     from moe_core.presets import PRESETS
     from moe_core.synthetic import random_weights
     from moe_triton.layout import prepare_weights
@@ -225,11 +255,12 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
         if scheme in ("bf16", "mxfp4", "fp8_block")
         else {"fp16": torch.float16}.get(scheme, torch.float32)
     )
-    path = output or default_table_path(device)
+    path = Path(output) if output else default_table_path(device)
+    log(f"writing the tuned table to {path}")
     for name in presets:
         cfg = PRESETS[name].config(scheme, dtype)
         weights = prepare_weights(scheme, random_weights(cfg, device))
-        log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device)}")
+        log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device) if device.type == 'cuda' else device}")
         t0 = time.time()
         key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
         # written after every token count, so an interrupted run keeps what it measured

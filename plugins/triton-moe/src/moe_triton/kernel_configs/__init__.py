@@ -1,27 +1,43 @@
-"""Tile configurations: a heuristic default plus tuned tables shipped as JSON.
+"""Tile configurations: a heuristic default plus tuned tables as JSON.
 
 A table file ``<device>.json`` (device name with non-alphanumerics replaced by
 ``_``, e.g. ``NVIDIA_H200.json``) holds entries keyed by the layer shape and
 scheme, each mapping token counts M to a ``KernelConfig``; a forward with M
-tokens uses the entry whose M is nearest (as vLLM's tables do). Shapes that
-no table covers get ``heuristic_config``. ``moe tune triton`` writes tables.
+tokens uses the entry whose M is nearest (as vLLM's tables do).
+
+Two tables are read per device: the user's, written by ``moe tune triton``
+into ``user_table_path`` (``$MOE_TRITON_TABLE_DIR``, else
+``$MOE_CACHE_DIR/triton``, else the user cache directory's ``moe/triton``;
+never the installed package, which may be read-only and is replaced on
+upgrade), and the one shipped in this package. A user entry replaces the
+shipped entry of its shape key only; shapes neither covers get
+``heuristic_config``. A user table that cannot be read or parsed is ignored
+with a warning naming it. Tables are read once per process and device;
+``clear_cache()`` makes the next forward read them again (the tuner calls it
+after every write).
 
 ``split_k`` (GEMM1's K split) is 0 = "decide at launch" (``resolve_split_k``)
-in the heuristic and in table entries written before the knob existed; a tuned
-entry may pin it (1 = off). ``split_k2`` is GEMM2's (1 = off, the default).
+in the heuristic and in table entries without the field; a tuned entry may pin
+it (1 = off). ``split_k2`` is GEMM2's (1 = off, the default). The runtime
+switches (``moe_triton.switches``) may force GEMM1's split or let a heuristic
+choose it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import re
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
 import torch
+
+from moe_core.paths import user_dir
+from moe_triton.switches import Switches
+from moe_triton.switches import current as current_switches
 
 
 @dataclass(frozen=True)
@@ -80,28 +96,6 @@ def table_key(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int
 SPLIT_K_MAX_PAIRS = 128
 #: largest K split tried
 SPLIT_K_MAX = 8
-#: ``MOE_TRITON_SPLIT_K=N`` forces GEMM1's K split for every forward of the process (1 = off), for
-#: A/B timing; unset or 0 = as configured. Read once at import.
-SPLIT_K_OVERRIDE = int(os.environ.get("MOE_TRITON_SPLIT_K", "0") or 0)
-#: decode MXFP4 with inline PTX (CUDA, bf16 activations; elsewhere the Triton bit-op path). On by default: on the
-#: H200 (2026-11-30, gpt-oss-120b) 107.6 / 240.7 / 764.2 us at M = 1 / 8 / 64 against 122.4 / 328.2 / 1086.2 us
-#: with the bit-op path, bitwise the same result (GPU test). ``MOE_TRITON_MXFP4_ASM=0`` turns it off; read at import.
-MXFP4_DECODE_ASM = os.environ.get("MOE_TRITON_MXFP4_ASM", "1") != "0"
-#: fp8_block: quantize the activations once per forward (``launch.quantize_fp8_groups``, one more launch) instead of
-#: inside GEMM1's K loop in every N-tile program. Same codes and scales, same result (GPU test). On by default: on
-#: the H200 (2026-11-30, deepseek-v3-tp8) 35.4 / 120.5 / 397.6 us at M = 1 / 8 / 64 against 39.0 / 127.4 / 403.4 us
-#: in-loop (``tools/ab_flags.py``). ``MOE_TRITON_FP8_PREQUANT=0`` turns it off; read at import.
-FP8_PREQUANT = os.environ.get("MOE_TRITON_FP8_PREQUANT", "1") != "0"
-#: programmatic dependent launch between the forward's kernels (SM90+, ``launch.pdl_kwargs``): each kernel may start
-#: while its predecessor finishes and waits in its first statement for that kernel's writes. Off by default: on the
-#: H200 (2026-11-30, ``tools/ab_flags.py``) it gained 0-7% on most decode rows but cost 22% on gpt-oss-120b mxfp4
-#: M=1 (83.3 against 64.7 us) and 4% on mixtral-8x7b M=1. ``MOE_TRITON_PDL=1`` turns it on; read at import.
-PDL = os.environ.get("MOE_TRITON_PDL", "0") == "1"
-#: automatic split-K (``split_k_for``) where a config leaves it open. Off by default: on the H200 (2026-11-30) it
-#: made deepseek-v3-tp8 bf16 M=1 slower (74.4 us against 41.2 us unsplit, when GEMM2 still reduced the partials).
-#: The tuner measures splits per shape instead. ``MOE_TRITON_AUTO_SPLIT_K=1`` turns it on; a tuned entry may still
-#: pin a split that measured faster.
-AUTO_SPLIT_K = os.environ.get("MOE_TRITON_AUTO_SPLIT_K", "0") == "1"
 
 
 def min_block_k(scheme: str) -> int:
@@ -159,13 +153,18 @@ def split_k_for(pairs: int, num_experts: int, hidden: int, inter: int, block_n: 
     return split
 
 
-def resolve_split_k(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, m: int, cfg, device) -> int:
-    """The split this forward runs: the override, else the config's, else 1 (``split_k_for`` if AUTO_SPLIT_K)."""
-    if SPLIT_K_OVERRIDE > 0:
-        return SPLIT_K_OVERRIDE
+def resolve_split_k(
+    scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, m: int, cfg, device,
+    switches: Switches | None = None,
+) -> int:  # fmt: skip
+    """The split this forward runs: the ``split_k`` switch if set, else the config's, else 1
+    (``split_k_for`` with the ``auto_split_k`` switch). ``switches``: None reads ``current()``."""
+    sw = switches or current_switches()
+    if sw.split_k > 0:
+        return sw.split_k
     if cfg.split_k > 0:
         return cfg.split_k
-    if not AUTO_SPLIT_K:
+    if not sw.auto_split_k:
         return 1
     g = cfg.gemm1
     return split_k_for(m * top_k, num_experts, hidden, inter, g.block_n, g.block_k, sm_count(torch.device(device)))
@@ -181,21 +180,71 @@ def heuristic_config(scheme: str, num_experts: int, hidden: int, inter: int, top
     return KernelConfig(block_m, gemm, gemm)
 
 
+#: moves the user's tuned tables (default ``$MOE_CACHE_DIR/triton`` or the user cache directory's ``moe/triton``)
+TABLE_DIR_VAR = "MOE_TRITON_TABLE_DIR"
+#: the package folder of the shipped tables
+SHIPPED_PACKAGE = "moe_triton.kernel_configs"
+
+
+def user_table_path(slug: str) -> Path:
+    """Where ``moe tune triton`` writes this device's table and where a forward looks first (read now)."""
+    return user_dir("triton", TABLE_DIR_VAR) / f"{slug}.json"
+
+
+def parse_table(text: str) -> dict[str, dict[int, KernelConfig]]:
+    """A table file's entries: shape key -> token count -> config. Raises on anything malformed, so a bad
+    file is refused whole rather than failing a forward that reaches its bad entry."""
+    table = json.loads(text)
+    entries = table.get("entries", {}) if isinstance(table, dict) else None
+    if not isinstance(entries, dict):
+        raise ValueError("not a table: no 'entries' object")
+    return {key: {int(m): KernelConfig.from_dict(c) for m, c in per_m.items()} for key, per_m in entries.items()}
+
+
 @functools.cache
-def _load_table(slug: str, directory: str | None) -> dict:
-    if directory is not None:
-        path = Path(directory) / f"{slug}.json"
-        return json.loads(path.read_text()) if path.exists() else {}
-    ref = resources.files("moe_triton.kernel_configs") / f"{slug}.json"
-    return json.loads(ref.read_text()) if ref.is_file() else {}
+def shipped_table(slug: str) -> dict[str, dict[int, KernelConfig]]:
+    """The entries of the table shipped for this device (empty where none is)."""
+    ref = resources.files(SHIPPED_PACKAGE) / f"{slug}.json"
+    return parse_table(ref.read_text()) if ref.is_file() else {}
 
 
-def tuned_entry(slug: str, key: str, directory: str | None = None) -> dict[int, KernelConfig] | None:
-    table = _load_table(slug, directory)
-    entry = table.get("entries", {}).get(key)
-    if entry is None:
-        return None
-    return {int(m): KernelConfig.from_dict(c) for m, c in entry.items()}
+def user_table(slug: str) -> dict[str, dict[int, KernelConfig]]:
+    """The entries of the user's table for this device; empty if there is none, and empty with a warning
+    naming the file if it cannot be read or parsed (the shipped table then applies alone)."""
+    path = user_table_path(slug)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        warnings.warn(f"ignoring the tuned table {path}: cannot read it ({exc}); using the shipped table",
+                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        return {}
+    try:
+        return parse_table(text)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        warnings.warn(f"ignoring the tuned table {path}: it is not a valid table ({type(exc).__name__}: {exc}); "
+                      f"using the shipped table (delete or re-tune it)", RuntimeWarning, stacklevel=2)  # fmt: skip
+        return {}
+
+
+@functools.cache
+def tables(slug: str) -> dict[str, dict[int, KernelConfig]]:
+    """The entries a forward on this device uses: the shipped table's, each shape key the user's table has
+    replaced by the user's. Read once per process (``clear_cache``)."""
+    return {**shipped_table(slug), **user_table(slug)}
+
+
+def tuned_entry(slug: str, key: str) -> dict[int, KernelConfig] | None:
+    """Token count -> config of one shape key on this device (user table first, then shipped), or None."""
+    return tables(slug).get(key)
+
+
+def clear_cache() -> None:
+    """Forget the tables read and the configs selected, so the next forward reads the tables again: after
+    a table was written in this process, or ``MOE_TRITON_TABLE_DIR`` / ``MOE_CACHE_DIR`` changed."""
+    tables.cache_clear()
+    _select.cache_clear()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -208,12 +257,5 @@ def _select(scheme, num_experts, hidden, inter, top_k, m, slug) -> KernelConfig:
 
 
 def select_config(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, m: int, device) -> KernelConfig:
-    """The tuned config for this shape on this device, else the heuristic."""
+    """The tuned config for this shape on this device (user table, then shipped), else the heuristic."""
     return _select(scheme, num_experts, hidden, inter, top_k, m, device_slug(torch.device(device)))
-
-
-def config_source(scheme: str, num_experts: int, hidden: int, inter: int, top_k: int, device) -> str:
-    """'tuned (<file>)' or 'heuristic' — for reports."""
-    slug = device_slug(torch.device(device))
-    found = tuned_entry(slug, table_key(scheme, num_experts, hidden, inter, top_k))
-    return f"tuned ({slug}.json)" if found else "heuristic"

@@ -1,0 +1,146 @@
+"""The forward's runtime switches: one table of what each does, its environment variable and its default.
+
+Each switch chooses between launch variants that compute the same result (or, for the split-K ones,
+how K is split); none changes the kernels' arguments' meaning. They exist for A/B timing and for
+turning a variant off on a machine where it does not pay; the measurements behind the defaults are in
+``results/README.md``.
+
+``current()`` is what a forward reads: the innermost ``override(...)`` if one is active, else the
+environment as last read. The environment is read on the first call and again on ``refresh()``, not on
+every forward: a lookup in ``os.environ`` costs far more per variable than the rest of the host-side
+launch bookkeeping, so a process that changes a ``MOE_TRITON_*`` variable after its first forward calls
+``refresh()`` (or uses ``override``, which needs no environment at all). A forward captured in a CUDA
+graph keeps the switches it was captured with.
+
+Overrides are process-wide (not per thread): they are for tools and tests that time or check the
+variants one after another in one process (``tools/ab_flags.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _switch(default, variable: str, doc: str):
+    return field(default=default, metadata={"variable": variable, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The switches in force for a forward (``current()``). Each field's metadata holds its environment
+    variable and what it does: this class is the table (``describe()`` renders it)."""
+
+    split_k: int = _switch(
+        0,
+        "MOE_TRITON_SPLIT_K",
+        "force GEMM1's K split for every forward (1 = never split); 0 = as the tile config says",
+    )
+    mxfp4_asm: bool = _switch(
+        True,
+        "MOE_TRITON_MXFP4_ASM",
+        "decode MXFP4 weights with inline PTX (CUDA, bf16 activations) instead of Triton bit operations; "
+        "bitwise the same result",
+    )
+    fp8_prequant: bool = _switch(
+        True,
+        "MOE_TRITON_FP8_PREQUANT",
+        "fp8_block: quantize the activations once per forward (one more launch) instead of inside GEMM1's "
+        "K loop in every N-tile program; the same codes and scales",
+    )
+    pdl: bool = _switch(
+        False,
+        "MOE_TRITON_PDL",
+        "launch every kernel of the forward with programmatic dependent launch (CUDA SM90+): each may start "
+        "while its predecessor finishes and waits for its writes in its first statement",
+    )
+    auto_split_k: bool = _switch(
+        False,
+        "MOE_TRITON_AUTO_SPLIT_K",
+        "choose GEMM1's K split with a heuristic where the tile config leaves it open (split_k 0); "
+        "otherwise such configs run unsplit",
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be an integer >= 0, "
+                                     f"got {value!r}")  # fmt: skip
+            elif not isinstance(value, bool):
+                raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be True or False, got {value!r}")
+
+
+#: the environment variable of each switch, by field name
+VARIABLES: dict[str, str] = {f.name: f.metadata["variable"] for f in fields(Switches)}
+
+
+def _parse(f, text: str):
+    """One switch's value from its environment variable's text; empty means the default."""
+    word = text.strip().lower()
+    if not word:
+        return f.default
+    if f.type == "int":
+        if word.isdigit():
+            return int(word)
+        expected = "an integer >= 0"
+    elif word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    else:
+        expected = "one of 1/0, true/false, yes/no, on/off"
+    raise ValueError(f"{f.metadata['variable']}={text!r} is not valid: expected {expected} ({f.metadata['doc']}; "
+                     f"default {f.default!r})")  # fmt: skip
+
+
+def from_environ(environ: Mapping[str, str] | None = None) -> Switches:
+    """The switches as ``environ`` (default: ``os.environ``, read now) sets them; unset ones keep their
+    defaults. A value that does not parse raises ``ValueError`` naming the variable."""
+    env = os.environ if environ is None else environ
+    values = {f.name: _parse(f, env[f.metadata["variable"]]) for f in fields(Switches) if f.metadata["variable"] in env}
+    return Switches(**values)
+
+
+_from_env: Switches | None = None
+_override: Switches | None = None
+
+
+def refresh() -> Switches:
+    """Read the environment again now (after a ``MOE_TRITON_*`` variable changed in this process)."""
+    global _from_env
+    _from_env = from_environ()
+    return _from_env
+
+
+def current() -> Switches:
+    """The switches a forward runs with: the innermost ``override``, else the environment as last read
+    (read on the first call; ``refresh()`` reads it again)."""
+    if _override is not None:
+        return _override
+    return _from_env if _from_env is not None else refresh()
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Switches]:
+    """Run the block with some switches changed, the others as ``current()`` has them, e.g.
+    ``with switches.override(pdl=True, split_k=1): ...``; nested overrides stack. Process-wide."""
+    global _override
+    unknown = set(changes) - set(VARIABLES)
+    if unknown:
+        raise TypeError(f"unknown switch(es) {sorted(unknown)}; the switches are {sorted(VARIABLES)}")
+    previous = _override
+    _override = replace(current(), **changes)
+    try:
+        yield _override
+    finally:
+        _override = previous
+
+
+def describe() -> list[tuple[str, str, object, str]]:
+    """(name, environment variable, default, what it does) of every switch, for documentation and tools."""
+    return [(f.name, f.metadata["variable"], f.default, f.metadata["doc"]) for f in fields(Switches)]
