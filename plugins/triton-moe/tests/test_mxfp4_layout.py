@@ -120,6 +120,7 @@ def _decode_asm_all_bytes(b_ptr, lo_ptr, hi_ptr):
     tl.store(hi_ptr + offs, _e2m1_scaled_asm(b, scale[None, :], True).to(tl.float32))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX runs on CUDA only")
 def test_inline_ptx_decode_matches_all_256_bytes():
     b = torch.arange(256, dtype=torch.uint8, device="cuda")

@@ -76,6 +76,46 @@ def _tile_ids(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _program_tile(num_m, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (K split, tile, row block, column block): programs run split-major over the
+    ``num_m x cdiv(n_cols, BLOCK_N)`` tiles, each split in ``_tile_ids``' grouped order; ``tile`` indexes
+    the split-K arrival counters."""
+    num_n = tl.cdiv(n_cols, BLOCK_N)
+    tiles = num_m * num_n
+    pid = tl.program_id(0)
+    tile = pid % tiles
+    pid_m, pid_n = _tile_ids(tile, num_m, num_n, GROUP_M)
+    return pid // tiles, tile, pid_m, pid_n
+
+
+@triton.jit
+def _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+    """The row block's rows of the aligned index, their (token, slot) pairs and which rows hold one (the
+    alignment pads each expert's rows with ``num_pairs``)."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    return rows, pair, pair < num_pairs
+
+
+@triton.jit
+def _k_slice(K, split, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's K range ``[k_lo, k_hi)``: all of K unless split, and whole BLOCK_K tiles, so fp8
+    blocks and MXFP4 chunks stay aligned."""
+    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = split * k_per
+    return k_lo, tl.minimum(K, k_lo + k_per)
+
+
+@triton.jit
+def _rows_chunk(ptr, rows, row_ok, kc, K, stride_m, stride_k):
+    """The activations of the MXFP4 chunk at ``kc``: the two HALF-wide tiles its bytes' low and high
+    nibbles multiply (k = kc + j and kc + HALF + j)."""
+    kk = kc + tl.arange(0, HALF)
+    lo = _rows_tile(ptr, rows, row_ok, kk, K, stride_m, stride_k)
+    return lo, _rows_tile(ptr, rows, row_ok, kk + HALF, K, stride_m, stride_k)
+
+
+@triton.jit
 def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
     """``acc += a @ w`` for a ``[BLOCK_M, K]`` row tile and a ``[K, BLOCK_N]`` weight tile, or with ``SWAP_AB``
     ``acc^T += w @ a^T`` (``w`` given as ``[BLOCK_N, K]``, ``acc`` as ``[BLOCK_N, BLOCK_M]``)."""
@@ -110,19 +150,13 @@ def _gemm1(
     transposed back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``).
     """
     _pdl_start(PDL)
-    num_n = tl.cdiv(N_HALF, BLOCK_N)
-    tiles = num_m * num_n
-    pid = tl.program_id(0)
-    split = pid // tiles
-    pid_m, pid_n = _tile_ids(pid % tiles, num_m, num_n, GROUP_M)
+    split, tile, pid_m, pid_n = _program_tile(num_m, N_HALF, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert == num_experts:  # null segment: its pairs are zeroed by GEMM2, which never reads these rows
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    row_ok = pair < num_pairs
+    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M)
     token = (pair // TOP_K).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N_HALF
@@ -133,18 +167,12 @@ def _gemm1(
     else:
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # K slice of this program (all of K unless split): whole BLOCK_K tiles, so fp8
-    # blocks and MXFP4 chunks stay aligned
-    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = split * k_per
-    k_hi = tl.minimum(K, k_lo + k_per)
+    k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
-                kk = kc + tl.arange(0, HALF)
-                a_lo = _rows_tile(x_ptr, token, row_ok, kk, K, stride_xm, stride_xk)
-                a_hi = _rows_tile(x_ptr, token, row_ok, kk + HALF, K, stride_xm, stride_xk)
+                a_lo, a_hi = _rows_chunk(x_ptr, token, row_ok, kc, K, stride_xm, stride_xk)
                 g_lo, g_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
                                           stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
                 u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
@@ -181,7 +209,7 @@ def _gemm1(
         part_u = part + (n + N_HALF)[None, :] * stride_pn
         tl.store(part_g + split * stride_ps, acc_g, mask=out_mask)
         tl.store(part_u + split * stride_ps, acc_u, mask=out_mask)
-        counter = count_ptr + pid % tiles
+        counter = count_ptr + tile
         if _arrive(counter) < SPLIT_K - 1:
             return
         tl.atomic_xchg(counter, 0)
@@ -226,17 +254,11 @@ def _gemm2(
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB`` and ``SPLIT_K`` as in ``_gemm1`` (the
     partials are ``[SPLIT_K, rows, H]``)."""
     _pdl_start(PDL)
-    num_n = tl.cdiv(N, BLOCK_N)
-    tiles = num_m * num_n
-    pid = tl.program_id(0)
-    split = pid // tiles
-    pid_m, pid_n = _tile_ids(pid % tiles, num_m, num_n, GROUP_M)
+    split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    row_ok = pair < num_pairs
+    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     if expert == num_experts:  # null segment: no weight, partial or bias read
@@ -250,15 +272,12 @@ def _gemm2(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # K slice of this program, as in _gemm1
-    k_lo = split * k_per
-    for k0 in range(k_lo, tl.minimum(K, k_lo + k_per), BLOCK_K):
+    k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
-                kk = kc + tl.arange(0, HALF)
-                a_lo = _rows_tile(a_ptr, rows, row_ok, kk, K, stride_am, stride_ak)
-                a_hi = _rows_tile(a_ptr, rows, row_ok, kk + HALF, K, stride_am, stride_ak)
+                a_lo, a_hi = _rows_chunk(a_ptr, rows, row_ok, kc, K, stride_am, stride_ak)
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
                                           stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
                 acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
@@ -278,7 +297,7 @@ def _gemm2(
     if SPLIT_K > 1:  # as in _gemm1
         part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + n[None, :] * stride_pn
         tl.store(part + split * stride_ps, acc, mask=out_mask)
-        counter = count_ptr + pid % tiles
+        counter = count_ptr + tile
         if _arrive(counter) < SPLIT_K - 1:
             return
         tl.atomic_xchg(counter, 0)
