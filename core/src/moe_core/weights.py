@@ -97,3 +97,35 @@ def validate_weights(config: MoeConfig, weights: MoeWeights) -> torch.device:
         elif global_scale is not None:
             raise InvalidInputError(f"{w}_global_scale given but scheme {spec.name!r} has none")
     return device
+
+
+@dataclass
+class SharedExperts:
+    """Dense gated MLP(s) every token passes through beside the routed experts (DeepSeek, Qwen2-MoE,
+    Llama 4, GraniteMoeShared), added to the routed output.
+
+    Canonical like one expert of ``MoeWeights``: ``w13`` ``[2I_s, H]`` rows ``[gate; up]``, ``w2``
+    ``[H, I_s]`` (several shared experts of one block are one MLP of their summed width). ``gate``
+    ``[1, H]``, where present, scales the MLP's output by ``sigmoid(x @ gate.T)`` per token (Qwen2-MoE).
+    ``activation`` is the MLP's gated activation (``None``: the routed experts'). A dense MLP is a MoE
+    of one expert with top-1 routing, so ``moe_core.MoeLayer`` runs it through a backend like the
+    routed experts (the gate, if any, is that expert's routing weight).
+    """
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    gate: torch.Tensor | None = None
+    activation: str | None = None
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.w13.shape[0] // 2
+
+    def validate(self, hidden_size: int) -> None:
+        """Shapes and dtypes that fit a layer of ``hidden_size``; raises ``InvalidInputError``."""
+        w13, w2 = self.w13, self.w2
+        if w13.dim() != 2 or w13.shape[0] % 2 or w13.shape[1] != hidden_size:
+            raise InvalidInputError(f"shared experts' w13 has shape {tuple(w13.shape)}, expected [2I, {hidden_size}]")
+        _expect("shared experts' w2", w2, (hidden_size, w13.shape[0] // 2), w13.dtype, w13.device)
+        if self.gate is not None:
+            _expect("shared experts' gate", self.gate, (1, hidden_size), self.gate.dtype, w13.device)
