@@ -49,8 +49,8 @@ PLUGINS = _plugins()
 EXAMPLE = "examples/moe-torch-grouped"
 
 
-def _pytest(session: nox.Session, tests: str, *extra: str, **kwargs):
-    return session.run("python", "-m", "pytest", tests, "-q", "-rs", *extra, *session.posargs, **kwargs)
+def _pytest(session: nox.Session, *tests_and_options: str, **kwargs):
+    return session.run("python", "-m", "pytest", *tests_and_options, "-q", "-rs", *session.posargs, **kwargs)
 
 
 _wheels: dict[str, str] = {}
@@ -95,9 +95,9 @@ def core(session: nox.Session) -> None:
 
 @nox.session
 def transformers(session: nox.Session) -> None:
-    """Cross-check against Hugging Face transformers' MoE blocks (random weights, no download)."""
+    """transformers' MoE blocks: converters, routing and patched models against transformers (random weights)."""
     session.install(*CONSTRAINTS, "./core[test,transformers]")
-    _pytest(session, "core/tests/test_transformers_crosscheck.py")
+    _pytest(session, *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("core/tests/test_transformers_*.py")))
 
 
 def _plugin_session(name: str, folder: str):

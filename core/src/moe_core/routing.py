@@ -4,16 +4,19 @@ Kept apart from the fused op so any backend can be fed by any router. All
 arithmetic is float32 whatever the logits' dtype.
 
 - ``softmax_topk``: softmax over all experts, top-k, optional renormalisation
-  (Qwen-MoE ``norm_topk_prob``, gpt-oss renormalises).
-- ``topk_softmax``: top-k of the logits, softmax over the k selected (Mixtral).
-  Softmax is monotone and the renormalised softmax over a subset equals the
-  softmax of that subset's logits, so this equals ``softmax_topk(renormalize=True)``.
+  (Qwen2-MoE / Qwen3-MoE / OLMoE ``norm_topk_prob``; Mixtral renormalises).
+- ``topk_softmax``: top-k of the logits, softmax over the k selected (Mixtral,
+  gpt-oss, GraniteMoe and its Shared/SWA/Hybrid variants). Softmax is monotone
+  and the renormalised softmax over a subset equals the softmax of that
+  subset's logits, so this equals ``softmax_topk(renormalize=True)``.
 - ``grouped_topk``: sigmoid (or softmax) scoring with ``e_score_correction_bias``
   used for *choosing* only, group-limited choice (``n_group`` groups, the best
-  ``topk_group`` kept, a group scored by the sum of its two best experts),
-  renormalisation and ``routed_scaling_factor`` (DeepSeek-V3).
+  ``topk_group`` kept, a group scored by the sum of its two best experts, or by
+  its best expert), renormalisation and ``routed_scaling_factor`` (DeepSeek-V3;
+  DeepSeek-V2 with softmax scoring, ``group_scoring="max"``, no renormalisation).
 - ``sigmoid_top1``: top-1 with weight ``sigmoid(logit)`` meant to be applied to
   the expert *input* (Llama 4; ``MoeConfig.apply_router_weight_on_input``).
+- ``sparsemixer``: PhiMoE's top-2 SparseMixer in its inference (eval) form.
 """
 
 from __future__ import annotations
@@ -62,8 +65,17 @@ def grouped_topk(
     scoring: str = "sigmoid",
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
+    group_scoring: str = "top2_sum",
 ):
-    """DeepSeek-V3 routing: biased choice within the best groups, unbiased weights."""
+    """DeepSeek routing: biased choice within the best groups, unbiased weights.
+
+    ``s = sigmoid(logits)`` (or ``softmax``); the choice uses ``c = s + correction_bias``; with
+    ``n_group > 1`` a group's score is the sum of its two best ``c`` (``group_scoring="top2_sum"``,
+    DeepSeek-V3) or its best ``c`` (``"max"``, DeepSeek-V2's ``group_limited_greedy``), the best
+    ``topk_group`` groups are kept (the others masked with ``-inf``), the top-k of ``c`` chosen;
+    ``w = s[ids]``, divided by ``sum(w) + 1e-20`` iff ``renormalize``, times ``routed_scaling_factor``.
+    DeepSeek-V2's ``greedy`` is ``n_group=1``, softmax, no renormalisation.
+    """
     x = _check(logits, top_k)
     m, e = x.shape
     if scoring == "sigmoid":
@@ -86,7 +98,12 @@ def grouped_topk(
         choice = scores + correction_bias.to(device=x.device, dtype=torch.float32)
     if n_group > 1:
         grouped = choice.view(m, n_group, per_group)
-        group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)  # [M, n_group]
+        if group_scoring == "top2_sum":
+            group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)  # [M, n_group]
+        elif group_scoring == "max":
+            group_score = grouped.amax(dim=-1)
+        else:
+            raise InvalidInputError(f"group_scoring must be 'top2_sum' or 'max', got {group_scoring!r}")
         keep = torch.zeros_like(group_score, dtype=torch.bool)
         keep.scatter_(1, group_score.topk(topk_group, dim=-1).indices, True)
         choice = choice.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
@@ -98,6 +115,31 @@ def grouped_topk(
 
 
 def sigmoid_top1(logits: torch.Tensor):
-    """Llama 4: the best expert, weight ``sigmoid(logit)`` (apply it on the input)."""
+    """Llama 4: the best expert, weight ``sigmoid(logit)`` (apply it on the input).
+
+    transformers' ``Llama4Router`` keeps the top-k logits, sets the others to ``-inf`` and takes the
+    sigmoid (0 for the others); with ``top_k=1`` (every Llama 4) that is this.
+    """
     values, ids = _check(logits, 1).topk(1, dim=-1)
     return _out(ids, values.sigmoid())
+
+
+def sparsemixer(logits: torch.Tensor, jitter_eps: float):
+    """PhiMoE: SparseMixer top-2, the inference form of transformers' ``sparsemixer`` (``training=False``).
+
+    Per token, with ``l`` the logits: the first expert is ``i1 = argmax l``; the logits ``l_j`` with
+    ``(l[i1] - l_j) / max(|l_j|, l[i1]) > 2 * jitter_eps`` are masked to ``-inf`` and the weight is
+    ``softmax(masked l)[i1]``. The second expert is the argmax ``i2`` of ``l`` with ``i1`` removed; the
+    same mask relative to ``l[i2]`` (``i1`` stays removed) gives ``softmax(...)[i2]``. Always two experts.
+    """
+    x = _check(logits, 2)
+    ids, weights = [], []
+    masked = x
+    for _ in range(2):
+        top, idx = masked.max(dim=-1, keepdim=True)
+        far = (top - x) / x.abs().clamp(min=top) > 2 * jitter_eps
+        probs = torch.softmax(masked.masked_fill(far, float("-inf")), dim=-1)
+        ids.append(idx)
+        weights.append(probs.gather(1, idx))
+        masked = masked.scatter(1, idx, float("-inf"))
+    return _out(torch.cat(ids, dim=1), torch.cat(weights, dim=1))

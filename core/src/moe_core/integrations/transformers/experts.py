@@ -16,7 +16,7 @@ from moe_core.config import MoeConfig
 from moe_core.dtypes import float_dtypes, short_name
 from moe_core.errors import InvalidInputError
 from moe_core.integrations.transformers.router import HFMoe, HFRouter
-from moe_core.weights import MoeWeights, validate_weights
+from moe_core.weights import MoeWeights, SharedExperts, validate_weights
 
 
 def require_attr(obj, *names: str, what: str):
@@ -144,14 +144,16 @@ def _chunk_gate(act, concatenated: bool):
 
 
 def _linear_weight(expert, attr: str, expert_index: int) -> torch.Tensor:
-    linear = getattr(expert, attr, None)
+    return _dense_weight(getattr(expert, attr, None), f"expert {expert_index} ({type(expert).__name__}) {attr}")
+
+
+def _dense_weight(linear, what: str) -> torch.Tensor:
+    """An ``nn.Linear``'s weight, refusing a bias (no family here has one on these projections)."""
     weight = getattr(linear, "weight", None)
     if weight is None:
-        raise InvalidInputError(f"expert {expert_index} ({type(expert).__name__}) has no {attr}.weight")
+        raise InvalidInputError(f"{what} has no weight (got {type(linear).__name__})")
     if getattr(linear, "bias", None) is not None:
-        raise InvalidInputError(
-            f"expert {expert_index}: {attr} has a bias, which this model family does not have; refusing to drop it"
-        )
+        raise InvalidInputError(f"{what} has a bias, which this model family does not have; refusing to drop it")
     return weight.detach()
 
 
@@ -172,11 +174,54 @@ def _module_list_experts(experts, gate: str, up: str, down: str) -> _Experts:
     return _Experts(torch.cat([g, u], dim=1), d, None, None, _chunk_gate(act, True), rows, "per-expert ModuleList")
 
 
-def experts_of(block, *, gate: str, up: str, down: str, transposed: bool, concatenated: bool, has_bias: bool):
+def experts_of(
+    block,
+    *,
+    gate: str = "gate_proj",
+    up: str = "up_proj",
+    down: str = "down_proj",
+    transposed: bool = False,
+    concatenated: bool = True,
+    has_bias: bool = False,
+):
+    """The block's ``experts``: a 4.x ModuleList (per-expert ``gate``/``up``/``down`` linears) or 5.x fused."""
     experts = require_attr(block, "experts", what="the routed experts")
     if isinstance(experts, torch.nn.ModuleList):
         return _module_list_experts(experts, gate, up, down)
     return fused_experts(experts, transposed=transposed, concatenated=concatenated, has_bias=has_bias)
+
+
+#: attribute names of a dense MLP's activation across families (act_fn; Llama 4 activation_fn; Granite activation)
+_ACT_NAMES = ("act_fn", "activation_fn", "activation")
+
+
+def read_shared_mlp(mlp, gate, dtype: torch.dtype, family: str) -> SharedExperts:
+    """A dense gated MLP -> ``SharedExperts`` (copies in ``dtype``), its activation probed like the routed one.
+
+    Forms: ``gate_proj`` / ``up_proj`` / ``down_proj`` linears (DeepSeek, Qwen2-MoE, Llama 4), or one
+    ``input_linear`` ``[2I, H]`` rows ``[gate; up]`` and ``output_linear`` (GraniteMoeShared). ``gate``
+    is the optional ``nn.Linear(H, 1)`` whose sigmoid scales the MLP's output (Qwen2-MoE).
+    """
+
+    def weight(attr: str) -> torch.Tensor:
+        linear = require_attr(mlp, attr, what="shared MLP projection")
+        return _dense_weight(linear, f"{family} shared MLP {attr}")
+
+    if hasattr(mlp, "input_linear"):
+        w13, w2 = weight("input_linear"), weight("output_linear")
+    else:
+        w13, w2 = torch.cat([weight("gate_proj"), weight("up_proj")]), weight("down_proj")
+    two_i, h = w13.shape
+    if two_i % 2 or tuple(w2.shape) != (h, two_i // 2):
+        raise InvalidInputError(f"{family}: shared MLP shapes {list(w13.shape)} / {list(w2.shape)} are not gated")
+    act = require_attr(mlp, *_ACT_NAMES, what="shared MLP activation")
+    rows = torch.arange(two_i, device=w13.device)
+    ex = _Experts(w13[None], w2[None], None, None, _chunk_gate(act, True), rows, "dense MLP")
+    activation = match_activation(ex, ("silu", "gelu"), alpha=1.702, limit=7.0, family=f"{family} shared MLP")
+    gate_w = None if gate is None else _dense_weight(gate, f"{family} shared expert gate")
+    shared = SharedExperts(w13=_copy(w13, dtype), w2=_copy(w2, dtype), gate=_copy(gate_w, dtype), activation=activation)
+    shared.validate(h)
+    return shared
 
 
 def _probe(two_i: int, device) -> torch.Tensor:
@@ -216,6 +261,7 @@ def build_moe(
     router: HFRouter,
     dtype: torch.dtype,
     family: str,
+    shared: SharedExperts | None = None,
     **config_kwargs,
 ) -> HFMoe:
     e, two_i, h = ex.w13.shape
@@ -238,4 +284,47 @@ def build_moe(
         w13=_copy(ex.w13, dtype), w2=_copy(ex.w2, dtype), b13=_copy(ex.b13, dtype), b2=_copy(ex.b2, dtype)
     )
     validate_weights(config, weights)
-    return HFMoe(config, weights, router)
+    if shared is not None:
+        shared.validate(h)
+    return HFMoe(config, weights, router, shared)
+
+
+def shared_of(block, dtype: torch.dtype, family: str, mlp: str, gate: str | None = None) -> SharedExperts | None:
+    """The block's shared MLP ``block.<mlp>`` (gated by ``block.<gate>`` if named), or None if it has none."""
+    module = getattr(block, mlp, None)
+    if module is None:
+        return None
+    return read_shared_mlp(
+        module, None if gate is None else require_attr(block, gate, what="shared gate"), dtype, family
+    )
+
+
+def gated_moe(
+    block,
+    dtype: torch.dtype,
+    family: str,
+    *,
+    router_module,
+    top_k: int,
+    route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    description: str,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    transposed: bool = False,
+    float32_logits: bool = False,
+    shared: SharedExperts | None = None,
+    **config_kwargs,
+) -> HFMoe:
+    """The common path of a silu/gelu-gated block without expert biases: its ``experts`` (``names``: the
+    4.x per-expert gate/up/down linears), the activation probed, ``router_module``'s weight (and bias)
+    for the logits, ``route`` for the choice."""
+    gate, up, down = names
+    ex = experts_of(block, gate=gate, up=up, down=down, transposed=transposed)
+    activation = match_activation(ex, ("silu", "gelu"), alpha=1.702, limit=7.0, family=family)
+    router = HFRouter(
+        require_attr(router_module, "weight", what="router weight"),
+        getattr(router_module, "bias", None),
+        route,
+        float32_logits=float32_logits,
+        description=description,
+    )
+    return build_moe(ex, activation, top_k, router, dtype, family, shared=shared, **config_kwargs)

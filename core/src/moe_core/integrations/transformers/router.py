@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from moe_core.config import MoeConfig
 from moe_core.errors import InvalidInputError
-from moe_core.weights import MoeWeights
+from moe_core.weights import MoeWeights, SharedExperts
 
 
 class HFRouter:
@@ -70,8 +70,14 @@ class HFRouter:
 
 
 class HFMoe(NamedTuple):
-    """A converted block: unpack as ``config, weights, router = from_hf_block(block)``."""
+    """A converted block: ``config, weights, router, shared = from_hf_block(block)`` (or by attribute).
+
+    ``shared`` is the block's dense shared-expert MLP (``SharedExperts``, its output added to the routed
+    output) or ``None`` when the block has none. Four fields since shared experts were added: code that
+    unpacked three (``config, weights, router = ...``) must unpack four or use the attributes.
+    """
 
     config: MoeConfig
     weights: MoeWeights
     router: HFRouter
+    shared: SharedExperts | None = None
