@@ -4,6 +4,7 @@ Public API (imported lazily, so ``import moe_core`` and ``moe backends`` stay
 cheap and never import torch kernels or any plugin)::
 
     from moe_core import MoeConfig, MoeWeights, MoeRunner
+    from moe_core import MoeLayer, SharedExperts                   # a whole block as an nn.Module
     from moe_core import FusedOp, Support, hookimpl, API_VERSION   # plugin authors
 """
 
@@ -20,7 +21,9 @@ _LAZY = {
     "MoeConfig": "moe_core.config",
     "MoeProblem": "moe_core.config",
     "MoeWeights": "moe_core.weights",
+    "SharedExperts": "moe_core.weights",
     "MoeRunner": "moe_core.runner",
+    "MoeLayer": "moe_core.layer",
     "FusedOp": "moe_core.fused_op",
     "Support": "moe_core.fused_op",
     "PluginRegistry": "moe_core.plugins",
@@ -47,7 +50,9 @@ __all__ = [
     "MoeConfig",
     "MoeProblem",
     "MoeWeights",
+    "SharedExperts",
     "MoeRunner",
+    "MoeLayer",
     "FusedOp",
     "Support",
     "PluginRegistry",
@@ -97,7 +102,8 @@ if TYPE_CHECKING:  # pragma: no cover
         PluginWarning,
     )
     from moe_core.fused_op import FusedOp, Support
+    from moe_core.layer import MoeLayer
     from moe_core.plugins import PluginRegistry, default_registry
     from moe_core.runner import MoeRunner
     from moe_core.selection import explain, select
-    from moe_core.weights import MoeWeights
+    from moe_core.weights import MoeWeights, SharedExperts
