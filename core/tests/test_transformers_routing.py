@@ -110,3 +110,65 @@ def test_grouped_topk_matches_deepseek_v2_router(method):
         logits, 3, scoring="softmax", renormalize=False, routed_scaling_factor=1.5, group_scoring="max", **groups
     )
     _same(*ours, hf_ids, hf_weights, sort=True)
+
+
+def test_grouped_topk_matches_mistral4_router():
+    """Softmax scores, groups scored by their two best experts (dropped ones masked with 0.0 there), renormalised."""
+    from transformers import Mistral4Config
+    from transformers.models.mistral4.modeling_mistral4 import Mistral4TopkRouter
+
+    cfg = Mistral4Config(
+        hidden_size=H, n_routed_experts=E, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=1.5
+    )
+    router, x = _router(Mistral4TopkRouter, cfg)
+    logits, hf_weights, hf_ids = router(x)
+    ours = routing.grouped_topk(logits, 3, n_group=4, topk_group=2, scoring="softmax", routed_scaling_factor=1.5)
+    _same(*ours, hf_ids, hf_weights, sort=True)
+
+
+def _bias(shape) -> torch.Tensor:
+    return torch.randn(shape, generator=_gen(4)) * 0.3
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_one_group_sigmoid_topk_matches_lfm2_moe_router(use_bias):
+    """Optionally biased choice, renormalised by ``sum + 1e-6``, scaled."""
+    from transformers import Lfm2MoeConfig
+    from transformers.models.lfm2_moe.modeling_lfm2_moe import Lfm2MoeTopKRouter
+
+    cfg = Lfm2MoeConfig(
+        hidden_size=H, num_experts=E, num_experts_per_tok=3, use_expert_bias=use_bias, routed_scaling_factor=2.0
+    )
+    router, x = _router(Lfm2MoeTopKRouter, cfg)
+    bias = _bias(E) if use_bias else None
+    logits, hf_weights, hf_ids = router(x, bias)
+    ours = routing.grouped_topk(logits, 3, correction_bias=bias, renormalize_eps=1e-6, routed_scaling_factor=2.0)
+    _same(*ours, hf_ids, hf_weights, sort=True)
+
+
+def test_one_group_sigmoid_topk_matches_minimax_m2_router():
+    from transformers import MiniMaxM2Config
+    from transformers.models.minimax_m2.modeling_minimax_m2 import MiniMaxM2TopKRouter
+
+    router, x = _router(MiniMaxM2TopKRouter, MiniMaxM2Config(hidden_size=H, num_local_experts=E, num_experts_per_tok=3))
+    bias = _bias(E)
+    logits, hf_weights, hf_ids = router(x, bias)
+    _same(*routing.grouped_topk(logits, 3, correction_bias=bias, renormalize_eps=0.0), hf_ids, hf_weights, sort=True)
+
+
+@pytest.mark.parametrize("norm_min", [1e-12, 0.9])
+def test_one_group_softmax_topk_matches_ernie4_5_moe_router(norm_min):
+    """Softmax probabilities, biased choice, weights divided by ``clamp(sum, min=norm_min)`` (0.9: the floor bites)."""
+    from transformers import Ernie4_5_MoeConfig
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
+
+    cfg = Ernie4_5_MoeConfig(hidden_size=H, moe_num_experts=E, moe_k=3, moe_norm_min=norm_min)
+    router, x = _router(Ernie4_5_MoeTopKRouter, cfg)
+    bias = _bias((1, E))
+    with torch.no_grad():
+        router.moe_statics.e_score_correction_bias.copy_(bias)
+    logits, hf_weights, hf_ids = router(x)
+    ours = routing.grouped_topk(
+        logits, 3, correction_bias=bias.reshape(-1), scoring="softmax", renormalize_eps=0.0, renormalize_min=norm_min
+    )
+    _same(*ours, hf_ids, hf_weights, sort=True)

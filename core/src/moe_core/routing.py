@@ -13,7 +13,10 @@ arithmetic is float32 whatever the logits' dtype.
   used for *choosing* only, group-limited choice (``n_group`` groups, the best
   ``topk_group`` kept, a group scored by the sum of its two best experts, or by
   its best expert), renormalisation and ``routed_scaling_factor`` (DeepSeek-V3;
-  DeepSeek-V2 with softmax scoring, ``group_scoring="max"``, no renormalisation).
+  DeepSeek-V2 with softmax scoring, ``group_scoring="max"``, no renormalisation); with
+  ``n_group=1`` a plain (optionally biased) sigmoid / softmax top-k whose renormalisation
+  denominator ``max(sum + renormalize_eps, renormalize_min)`` fits MiniMax-M2, Flint, LFM2-MoE
+  (``eps=1e-6``), Ernie 4.5 (``clamp(min=norm_min)``) and Mistral 4 (softmax, groups).
 - ``sigmoid_top1``: top-1 with weight ``sigmoid(logit)`` meant to be applied to
   the expert *input* (Llama 4; ``MoeConfig.apply_router_weight_on_input``).
 - ``sparsemixer``: PhiMoE's top-2 SparseMixer in its inference (eval) form.
@@ -66,6 +69,8 @@ def grouped_topk(
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
     group_scoring: str = "top2_sum",
+    renormalize_eps: float = 1e-20,
+    renormalize_min: float = 0.0,
 ):
     """DeepSeek routing: biased choice within the best groups, unbiased weights.
 
@@ -73,8 +78,9 @@ def grouped_topk(
     ``n_group > 1`` a group's score is the sum of its two best ``c`` (``group_scoring="top2_sum"``,
     DeepSeek-V3) or its best ``c`` (``"max"``, DeepSeek-V2's ``group_limited_greedy``), the best
     ``topk_group`` groups are kept (the others masked with ``-inf``), the top-k of ``c`` chosen;
-    ``w = s[ids]``, divided by ``sum(w) + 1e-20`` iff ``renormalize``, times ``routed_scaling_factor``.
-    DeepSeek-V2's ``greedy`` is ``n_group=1``, softmax, no renormalisation.
+    ``w = s[ids]``, divided by ``max(sum(w) + renormalize_eps, renormalize_min)`` (DeepSeek:
+    ``sum(w) + 1e-20``) iff ``renormalize``, times ``routed_scaling_factor``. DeepSeek-V2's ``greedy``
+    is ``n_group=1``, softmax, no renormalisation.
     """
     x = _check(logits, top_k)
     m, e = x.shape
@@ -110,7 +116,7 @@ def grouped_topk(
     ids = choice.topk(top_k, dim=-1).indices
     weights = scores.gather(1, ids)
     if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + renormalize_eps).clamp(min=renormalize_min)
     return _out(ids, weights * routed_scaling_factor)
 
 

@@ -16,6 +16,7 @@ from moe_core.integrations.transformers.experts import (
     require_attr,
     shared_of,
 )
+from moe_core.integrations.transformers.routed_grouped import one_group_block
 from moe_core.integrations.transformers.router import HFMoe, HFRouter
 
 #: the per-expert (gate, up, down) linears of the 4.x ModuleList form
@@ -24,7 +25,7 @@ _W1_W3_W2 = ("w1", "w3", "w2")
 
 
 def from_mixtral(block, dtype: torch.dtype = torch.float32) -> HFMoe:
-    """``MixtralSparseMoeBlock`` -> ``HFMoe``.
+    """``MixtralSparseMoeBlock`` (and ``MiniMaxSparseMoeBlock``, the same block) -> ``HFMoe``.
 
     Forms: 5.x fused ``MixtralExperts`` (``gate_up_proj`` ``[E, 2I, H]`` rows
     ``[gate; up]``, router ``MixtralTopKRouter``) and 4.x ``ModuleList`` of
@@ -37,7 +38,8 @@ def from_mixtral(block, dtype: torch.dtype = torch.float32) -> HFMoe:
 
 
 def from_qwen3_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
-    """``Qwen3MoeSparseMoeBlock`` (and ``OlmoeSparseMoeBlock``, the same block) -> ``HFMoe``.
+    """``Qwen3MoeSparseMoeBlock`` (and ``OlmoeSparseMoeBlock``, ``FlexOlmoSparseMoeBlock``, ``MellumSparseMoeBlock``,
+    ``Qwen3OmniMoeThinkerTextSparseMoeBlock``: the same block) -> ``HFMoe``.
 
     Forms: 5.x fused ``Qwen3MoeExperts`` (``gate_up_proj`` ``[E, 2I, H]`` rows
     ``[gate; up]``, router ``Qwen3MoeTopKRouter`` carrying ``top_k`` and
@@ -50,7 +52,8 @@ def from_qwen3_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
 
 
 def from_qwen2_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
-    """``Qwen2MoeSparseMoeBlock`` -> ``HFMoe`` with ``shared``.
+    """``Qwen2MoeSparseMoeBlock`` (and ``Qwen3NextSparseMoeBlock``, ``Qwen3OmniMoeTalkerTextSparseMoeBlock``,
+    ``Qwen4ExpTextSparseMoeBlock``: the same block) -> ``HFMoe`` with ``shared``.
 
     The routed part is Qwen3-MoE's (softmax, top-k, renormalised iff ``norm_topk_prob``, 5.x fused or
     4.x ``ModuleList``); ``shared`` is ``shared_expert`` (a gated MLP) scaled per token by
@@ -60,15 +63,85 @@ def from_qwen2_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
     return _softmax_topk_block(block, dtype, "Qwen2-MoE", _GATE_UP_DOWN, renormalize=None, shared=shared)
 
 
+def from_qwen3_vl_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
+    """``Qwen3VLMoeTextSparseMoeBlock`` and ``Qwen3_5MoeSparseMoeBlock`` -> ``HFMoe``.
+
+    As Qwen3-MoE / Qwen2-MoE but the router (no ``norm_topk_prob``) always renormalises the top-k
+    softmax weights; ``shared`` is Qwen3.5-MoE's ``shared_expert`` scaled by
+    ``sigmoid(shared_expert_gate(x))``, ``None`` for Qwen3-VL-MoE (which has none).
+    """
+    family = "Qwen3.5-MoE" if hasattr(block, "shared_expert") else "Qwen3-VL-MoE"
+    shared = shared_of(block, dtype, family, "shared_expert", gate="shared_expert_gate")
+    return _softmax_topk_block(block, dtype, family, _GATE_UP_DOWN, renormalize=True, shared=shared)
+
+
+def from_jamba(block, dtype: torch.dtype = torch.float32) -> HFMoe:
+    """``JambaSparseMoeBlock`` -> ``HFMoe``: ``router`` logits, softmax over experts, top-k, the weights
+    *not* renormalised; experts fused (5.x) or per-expert ``gate_proj``/``up_proj``/``down_proj``; no shared."""
+    return _softmax_topk_block(block, dtype, "Jamba", _GATE_UP_DOWN, renormalize=False)
+
+
+def from_lara_mini(block, dtype: torch.dtype = torch.float32) -> HFMoe:
+    """``LaraMiniSparseMoeBlock`` -> ``HFMoe``: float32 logits, softmax, top-k, renormalised iff
+    ``norm_topk_prob``; ``shared`` is ``shared_expert`` added in full (no gate)."""
+    shared = shared_of(block, dtype, "LaraMini", "shared_expert")
+    return _softmax_topk_block(
+        block, dtype, "LaraMini", _GATE_UP_DOWN, renormalize=None, shared=shared, float32_logits=True
+    )
+
+
+def from_hunyuan_v1_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
+    """``HunYuanMoEV1Moe`` -> ``HFMoe``: the router ``gate.wg`` (an ``nn.Linear``, float32 in checkpoints:
+    the logits follow its dtype), softmax, top-k (``gate.top_k``), renormalised; ``shared`` is
+    ``shared_mlp`` added in full."""
+    wg = require_attr(require_attr(block, "gate", what="router"), "wg", what="router linear")
+    shared = shared_of(block, dtype, "HunYuan-MoE-V1", "shared_mlp")
+    return _softmax_topk_block(block, dtype, "HunYuan-MoE-V1", _GATE_UP_DOWN, True, shared=shared, router_module=wg)
+
+
+def from_aria(block, dtype: torch.dtype = torch.float32) -> HFMoe:
+    """``AriaTextMoELayer`` -> ``HFMoe``: top-k of the ``router`` logits, softmax over the k
+    (``topk_softmax``); experts ``[E, H, 2I]`` / ``[E, I, H]`` (``is_transposed``), silu; ``shared`` is
+    ``shared_experts`` (refused if built with ``mlp_bias``)."""
+    return _topk_softmax_block(block, dtype, "Aria", shared_of(block, dtype, "Aria", "shared_experts"), transposed=True)
+
+
+def from_ernie4_5_moe(block, dtype: torch.dtype = torch.float32) -> HFMoe:
+    """``Ernie4_5_MoeSparseMoeBlock`` -> ``HFMoe``.
+
+    Router ``Ernie4_5_MoeTopKRouter``: float32 logits, softmax, the choice on the probabilities plus
+    ``moe_statics.e_score_correction_bias`` (``[1, E]``), weights the unbiased probabilities divided by
+    ``clamp(sum, min=norm_min)`` (``grouped_topk`` with one group, ``renormalize_min=norm_min``).
+    ``shared`` is ``shared_experts`` when ``moe_num_shared_experts > 0`` (refused if ``use_bias``).
+    """
+    gate = require_attr(block, "gate", what="router")
+    bias = getattr(getattr(gate, "moe_statics", None), "e_score_correction_bias", None)
+    return one_group_block(
+        block,
+        dtype,
+        "Ernie 4.5 MoE",
+        scoring="softmax",
+        bias=bias,
+        renormalize=True,
+        eps=0.0,
+        renormalize_min=float(first_attr((gate,), "norm_min", "renormalisation floor")),
+        float32_logits=True,
+        shared=shared_of(block, dtype, "Ernie 4.5 MoE", "shared_experts"),
+    )
+
+
 def _family(block, default: str) -> str:
     return "OLMoE" if type(block).__name__.startswith("Olmoe") else default
 
 
-def _softmax_topk_block(block, dtype, family: str, names, renormalize: bool | None, shared=None) -> HFMoe:
-    """A block routed by softmax over its ``gate`` linear then top-k, experts gated by silu/gelu without
-    biases: ``names`` are the 4.x per-expert (gate, up, down) linears; ``renormalize=None`` reads
-    ``norm_topk_prob`` from the router or the block."""
-    gate = require_attr(block, "gate", what="router")
+def _softmax_topk_block(
+    block, dtype, family: str, names, renormalize: bool | None, shared=None, float32_logits=False, router_module=None
+) -> HFMoe:
+    """A block routed by softmax over its ``gate`` (or ``router``) linear then top-k, experts gated by
+    silu/gelu without biases: ``names`` are the 4.x per-expert (gate, up, down) linears;
+    ``renormalize=None`` reads ``norm_topk_prob`` from the router or the block; ``router_module`` is the
+    linear of the logits when it is not the router itself (HunYuan's ``gate.wg``)."""
+    gate = require_attr(block, "gate", "router", what="router")
     top_k = first_attr((gate, block), "top_k", "experts per token")
     if renormalize is None:
         renormalize = bool(first_attr((gate, block), "norm_topk_prob", "renormalise the top-k weights"))
@@ -76,11 +149,12 @@ def _softmax_topk_block(block, dtype, family: str, names, renormalize: bool | No
         block,
         dtype,
         family,
-        router_module=gate,
+        router_module=gate if router_module is None else router_module,
         top_k=top_k,
         route=lambda logits: routing.softmax_topk(logits, top_k, renormalize=renormalize),
         description=f"softmax_topk(top_k={top_k}, renormalize={renormalize})",
         names=names,
+        float32_logits=float32_logits,
         shared=shared,
     )
 
@@ -94,17 +168,23 @@ def from_granite_moe(block, dtype: torch.dtype = torch.float32, shared_mlp=None)
     (``layer.shared_mlp``, added to ``layer.block_sparse_moe``'s output), not in the block: pass it as
     ``shared_mlp`` to get ``shared``.
     """
+    shared = None if shared_mlp is None else read_shared_mlp(shared_mlp, None, dtype, "GraniteMoeShared")
+    return _topk_softmax_block(block, dtype, "GraniteMoe", shared)
+
+
+def _topk_softmax_block(block, dtype, family: str, shared, transposed: bool = False) -> HFMoe:
+    """Top-k of the block's ``router`` logits, softmax over the k (``topk_softmax``; Aria, GraniteMoe)."""
     router_module = require_attr(block, "router", what="router")
     top_k = int(first_attr((router_module, block), "top_k", "experts per token"))
-    shared = None if shared_mlp is None else read_shared_mlp(shared_mlp, None, dtype, "GraniteMoeShared")
     return gated_moe(
         block,
         dtype,
-        "GraniteMoe",
+        family,
         router_module=router_module,
         top_k=top_k,
         route=lambda logits: routing.topk_softmax(logits, top_k),
         description=f"topk_softmax(top_k={top_k})",
+        transposed=transposed,
         shared=shared,
     )
 
