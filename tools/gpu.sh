@@ -46,6 +46,10 @@ Steps (default limit in seconds):
                        -> bench-triton-mxfp4.json. BENCH ARGS (e.g. --tokens 1,8,64) go to every run
   door-cost [ARGS]     (240)  tools/gpu_door_cost.py: host cost of the runner's checks, GPU cost of the id
                        mask, bad expert ids through triton -> door-cost.json (ARGS e.g. --parts mask)
+  transformers [ARGS]  (420)  tools/transformers_bench.py for qwen3-30b-a3b and gpt-oss-120b (2 decoder
+                       layers, real shapes): patch_model with triton (and mxfp4 for gpt-oss) against
+                       transformers' eager and grouped_mm -> transformers-<family>.json (needs the
+                       transformers wheels in .whl/)
 
 Plugin steps, PREFIX:STEP [ARGS] (default limit 300; flashinfer:build / flashinfer:slim-build /
 triton:tune 590): run plugins/PREFIX*/tools/gpu_check.sh STEP [ARGS] with OUT=$OUT/PREFIX-STEP/ (the
@@ -89,6 +93,7 @@ default_limit() {
   case "$1" in
     tests | check | bench) echo 420 ;;
     door-cost) echo 240 ;;
+    transformers) echo 420 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
   esac
@@ -100,7 +105,7 @@ packages_for() {  # the folders a step needs installed
     tests | check)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
-    bench | door-cost) echo core plugins/triton-moe ;;
+    bench | door-cost | transformers) echo core plugins/triton-moe ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
     *:*) echo core "$(dirname "$(dirname "$(plugin_script "${1%%:*}")")")" ;;
   esac
@@ -181,6 +186,15 @@ step_door_cost() {
   "$PY" tools/gpu_door_cost.py --output "$OUT/door-cost.json" "$@"
 }
 
+step_transformers() {
+  local status=0
+  "$PY" tools/transformers_bench.py --family qwen3-30b-a3b --json "$OUT/transformers-qwen3-30b-a3b.json" "$@" \
+    || status=1
+  "$PY" tools/transformers_bench.py --family gpt-oss-120b --impls eager,grouped_mm,moe:triton,moe:triton:mxfp4 \
+    --json "$OUT/transformers-gpt-oss-120b.json" "$@" || status=1
+  return $status
+}
+
 if [ "${1:-}" = --run-step ]; then
   step=$2; shift 2
   case $step in
@@ -188,6 +202,7 @@ if [ "${1:-}" = --run-step ]; then
     check) step_check "$@" ;;
     bench) step_bench "$@" ;;
     door-cost) step_door_cost "$@" ;;
+    transformers) step_transformers "$@" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   exit $?
@@ -201,7 +216,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost) return 0 ;;
+    tests | check | bench | door-cost | transformers) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from moe_core import MoeRunner  # noqa: E402
 from moe_core.errors import InvalidInputError  # noqa: E402
-from moe_core.integrations.transformers import (  # noqa: E402
+from moe_core.integrations.transformers.families import (  # noqa: E402
     SUPPORTED_BLOCKS,
     from_deepseek_v3,
     from_gpt_oss,

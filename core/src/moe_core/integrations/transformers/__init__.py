@@ -1,4 +1,4 @@
-"""Hugging Face transformers MoE blocks -> ``(MoeConfig, MoeWeights, router)``.
+"""Hugging Face transformers MoE blocks -> moe_core layers: converters, ``patch_model``, an experts implementation.
 
 Each converter takes an *instantiated* transformers MoE block and returns an
 ``HFMoe`` named tuple ``(config, weights, router, shared)`` (four fields: unpack four
@@ -22,21 +22,42 @@ so that ``MoeRunner(config, weights)(x, *router(x))`` is the block's routed
 expert output for ``x`` ``[M, H]`` and, with ``shared``, ``moe_core.MoeLayer(config, weights,
 router, shared=shared)`` is the whole block.
 
-Supported blocks (``from_hf_block`` picks by class name, subclasses included;
+Supported blocks (the converters are in ``families``; ``from_hf_block`` picks by class name, subclasses included;
 ``find_moe_blocks(model)`` lists a model's convertible blocks by qualified name):
 
-- ``MixtralSparseMoeBlock`` -> ``from_mixtral``; ``softmax_topk`` renormalised; no shared.
-- ``Qwen3MoeSparseMoeBlock``, ``OlmoeSparseMoeBlock`` -> ``from_qwen3_moe``;
-  ``softmax_topk(renormalize=norm_topk_prob)``; no shared.
-- ``Qwen2MoeSparseMoeBlock`` -> ``from_qwen2_moe``; as Qwen3-MoE; shared ``shared_expert``
-  scaled by ``sigmoid(shared_expert_gate(x))``.
+- ``MixtralSparseMoeBlock``, ``MiniMaxSparseMoeBlock`` -> ``from_mixtral``; ``softmax_topk`` renormalised;
+  no shared.
+- ``Qwen3MoeSparseMoeBlock``, ``OlmoeSparseMoeBlock``, ``FlexOlmoSparseMoeBlock``, ``MellumSparseMoeBlock``,
+  ``Qwen3OmniMoeThinkerTextSparseMoeBlock`` -> ``from_qwen3_moe``; ``softmax_topk(renormalize=norm_topk_prob)``;
+  no shared.
+- ``Qwen2MoeSparseMoeBlock``, ``Qwen3NextSparseMoeBlock``, ``Qwen3OmniMoeTalkerTextSparseMoeBlock``,
+  ``Qwen4ExpTextSparseMoeBlock`` -> ``from_qwen2_moe``; as Qwen3-MoE; shared ``shared_expert`` scaled by
+  ``sigmoid(shared_expert_gate(x))``.
+- ``Qwen3VLMoeTextSparseMoeBlock``, ``Qwen3_5MoeSparseMoeBlock`` -> ``from_qwen3_vl_moe``; ``softmax_topk``
+  always renormalised; Qwen3.5-MoE's gated ``shared_expert``, none for Qwen3-VL-MoE.
+- ``JambaSparseMoeBlock`` -> ``from_jamba``; ``softmax_topk`` not renormalised (``router``); no shared.
+- ``LaraMiniSparseMoeBlock`` -> ``from_lara_mini``; float32 logits, ``softmax_topk(renormalize=norm_topk_prob)``;
+  shared ``shared_expert`` (no gate).
+- ``HunYuanMoEV1Moe`` -> ``from_hunyuan_v1_moe``; ``softmax_topk`` renormalised on ``gate.wg``; shared ``shared_mlp``.
+- ``AriaTextMoELayer`` -> ``from_aria``; ``topk_softmax`` (``router``), transposed experts; shared ``shared_experts``.
+- ``Ernie4_5_MoeSparseMoeBlock`` -> ``from_ernie4_5_moe``; float32 softmax, ``moe_statics`` correction bias for
+  the choice, weights over ``clamp(sum, min=norm_min)`` (``grouped_topk``, one group); shared ``shared_experts``.
 - ``GptOssMLP`` -> ``from_gpt_oss``; ``topk_softmax`` of the biased logits; ``swiglu_oai``,
   expert biases; no shared.
-- ``DeepseekV3MoE``, ``DeepseekV32MoE``, ``BailingHybridMoE``, ``Glm4MoeMoE`` ->
-  ``from_deepseek_v3``; ``grouped_topk`` (sigmoid, correction bias, groups, scaling); shared
-  ``shared_experts``.
-- ``DeepseekV2Moe``, ``DeepseekOcr2TextMoe`` -> ``from_deepseek_v2``; ``grouped_topk`` (softmax,
-  ``group_scoring="max"``, no renormalisation, scaling); shared ``shared_experts``.
+- ``DeepseekV3MoE``, ``DeepseekV32MoE``, ``BailingHybridMoE``, ``Glm4MoeMoE``, ``Glm4MoeLiteMoE``,
+  ``Glm4vMoeTextMoE``, ``GlmMoeDsaMoE``, ``KimiLinearMoE``, ``Dots1MoE``, ``Dots3NoteTextMoE``,
+  ``ExaoneMoeSparseMoEBlock``, ``SolarOpenMoE``, ``MiMoV2FlashMoE`` -> ``from_deepseek_v3``; ``grouped_topk``
+  (sigmoid, correction bias, groups, scaling); shared ``shared_experts`` (none for MiMoV2Flash).
+- ``DeepseekV2Moe``, ``DeepseekOcr2TextMoe``, ``UnlimitedOcrTextMoe`` -> ``from_deepseek_v2``; ``grouped_topk``
+  (softmax, ``group_scoring="max"``, no renormalisation, scaling); shared ``shared_experts``.
+- ``Mistral4MoE``, ``MistralLarge4TextMoE`` -> ``from_mistral4``; ``grouped_topk`` (softmax, groups by their two
+  best experts, no bias, scaling; Large4: float32 logits, always renormalised); shared ``shared_experts``.
+- ``MiniMaxM2SparseMoeBlock`` -> ``from_minimax_m2``; sigmoid top-k, the block's correction bias for the
+  choice, renormalised; no shared. ``Dots3NoteVisionMoE`` -> ``from_dots3_note_vision``; the same with float32
+  logits and ``router_scaling_factor``; no shared.
+- ``FlintSparseMoeBlock`` -> ``from_flint``; float32 sigmoid top-k, renormalised iff ``norm_topk_prob``; shared
+  ``shared_expert`` (no gate). ``Lfm2MoeSparseMoeBlock`` -> ``from_lfm2_moe``; sigmoid top-k, optional
+  ``expert_bias`` for the choice, ``sum + 1e-6`` renormalisation, ``routed_scaling_factor``; no shared.
 - ``Llama4TextMoe`` -> ``from_llama4``; ``sigmoid_top1`` with
   ``apply_router_weight_on_input``; shared ``shared_expert``.
 - ``PhimoeSparseMoeBlock`` -> ``from_phimoe``; ``sparsemixer`` (eval form); no shared.
@@ -47,14 +68,21 @@ Supported blocks (``from_hf_block`` picks by class name, subclasses included;
 (``families.SUPPORTED_BLOCKS`` is the authority.) GraniteMoeShared and
 GraniteMoeHybrid keep their shared MLP in the *decoder layer* (``layer.shared_mlp``, added to
 ``layer.block_sparse_moe(x)``), so the block alone has none: ``from_hf_block(layer.block_sparse_moe,
-shared_mlp=layer.shared_mlp)`` returns it, and a patched layer then sets ``layer.shared_mlp = None``
-(its forward skips a ``None`` shared MLP).
+shared_mlp=layer.shared_mlp)`` returns it. ``patch_model`` then folds it into the patched block and
+sets ``layer.shared_mlp = None`` where the layer's forward skips a ``None`` shared MLP
+(GraniteMoeShared), or installs a ``FoldedSharedMlp`` that adds nothing where it calls it
+unconditionally (GraniteMoeHybrid).
 
-transformers 5.24 blocks behind ``@use_experts_implementation`` that are **not** converted, and why
-(``same router`` = identical code to a covered family, left out only because no test builds it yet):
+Patching a model: ``patch_model(model, backend="auto", strict=True, quant_scheme=None,
+shared_backend=None)`` (``patch``) replaces every supported block of a model by a ``PatchedMoeBlock``
+(a ``MoeLayer`` returning what the block returned) in place and returns a ``PatchReport``;
+``register_experts_implementation(name="moe", backend="auto")`` (``experts_interface``) registers
+moe_core as a transformers ``experts_implementation``, so that ``from_pretrained(...,
+experts_implementation="moe")`` runs only the routed experts through a ``MoeRunner`` (routing and
+shared experts stay transformers').
 
-- Glm4MoeLiteMoE, Glm4vMoeTextMoE, GlmMoeDsaMoE, KimiLinearMoE (DeepSeek-V3 clones):
-  same router as DeepSeek-V3, not yet tested (add to ``SUPPORTED_BLOCKS`` with a test case).
+transformers 5.24 blocks behind ``@use_experts_implementation`` that are **not** converted, and why:
+
 - AXK1MoE: an RMSNorm after the block (``post_mlp_layernorm``). AXK2MoE: dropped groups masked
   with ``0.0`` (differs from ``-inf`` for negative biased scores), optional groups.
 - AfmoeSparseMoeBlock, Kolibri1, HYV3, Laguna, Inkling2(Loop), DeepseekV4: sigmoid top-k with a
@@ -63,11 +91,16 @@ transformers 5.24 blocks behind ``@use_experts_implementation`` that are **not**
   DeepseekV4, Glm5Next, HYV4, HYV4-VL: clamped SwiGLU without ``+1`` (no moe_core activation).
 - Inkling: shared experts weighted by the router (``shared_gammas``). Beam: scaling after the
   experts, ``_apply_gate`` in float32. Cohere2Moe: ``average`` shared combination / sigmoid choice.
-- Aria, FlexOlmo, Jamba, HunYuanMoEV1, Flint, Qwen3-VL/Omni/Next/3.5-MoE, Ernie 4.5 (VL), ExaoneMoe,
-  MiniMax (M2, M3-VL), Mistral4, MistralLarge4, MiMoV2Flash, Lfm2Moe, Mellum, SolarOpen, Zaya,
-  Qwen4Exp, LaraMini, Dots1/Dots3Note, UnlimitedOcr, Gemma4, DiffusionGemma: not reviewed line by
-  line in this round (several are softmax top-k blocks close to Qwen3-MoE/Qwen2-MoE; Gemma4 routes
-  on a normed input with per-expert scales).
+- Ernie4_5_VLMoe: modality-isolated (text and vision expert sets chosen per token by
+  ``mm_token_type_ids``, the shared MLP in the outer block; the inner sparse block returns flattened
+  ``(output, logits)``).
+- MiniMaxM3VL: expressible (``swiglu_oai`` on ``[gate; up]``, M2's router, scaling after the experts)
+  but its shared MLP is one fused ``gate_up_proj`` linear with an inline clamped SwiGLU, which
+  ``read_shared_mlp`` does not read yet.
+- Zaya: the router is an MLP (norm, two GELU layers) with state carried across layers and an extra
+  "skip" expert.
+- Gemma4, DiffusionGemma: no MoE block module; the decoder layer routes on an RMS-normed, scaled input,
+  feeds the experts a differently normed input, applies per-expert scales and a post-norm.
 - MuseSpark: a norm after each expert (``has_post_expert_norm``). NemotronH: no gate projection
   (``has_gate=False``). OpenAIPrivacyFilter: weights divided by ``top_k`` and the output multiplied
   back (expressible; not added).
@@ -110,35 +143,19 @@ attributes, so this module imports without transformers installed.
 
 from __future__ import annotations
 
-from moe_core.integrations.transformers.families import (
-    SUPPORTED_BLOCKS,
-    find_moe_blocks,
-    from_deepseek_v2,
-    from_deepseek_v3,
-    from_gpt_oss,
-    from_granite_moe,
-    from_hf_block,
-    from_llama4,
-    from_mixtral,
-    from_phimoe,
-    from_qwen2_moe,
-    from_qwen3_moe,
-)
+from moe_core.integrations.transformers.experts_interface import register_experts_implementation
+from moe_core.integrations.transformers.families import SUPPORTED_BLOCKS, find_moe_blocks, from_hf_block
+from moe_core.integrations.transformers.patch import PatchedMoeBlock, PatchReport, patch_model
 from moe_core.integrations.transformers.router import HFMoe, HFRouter
 
 __all__ = [
     "SUPPORTED_BLOCKS",
     "HFMoe",
     "HFRouter",
+    "PatchReport",
+    "PatchedMoeBlock",
     "find_moe_blocks",
-    "from_deepseek_v2",
-    "from_deepseek_v3",
-    "from_gpt_oss",
-    "from_granite_moe",
     "from_hf_block",
-    "from_llama4",
-    "from_mixtral",
-    "from_phimoe",
-    "from_qwen2_moe",
-    "from_qwen3_moe",
+    "patch_model",
+    "register_experts_implementation",
 ]

@@ -1,0 +1,466 @@
+"""``patch_model``: whole tiny transformers models with every MoE block replaced by a ``MoeLayer``.
+
+Each supported family is built in code (``AutoConfig.for_model`` + ``AutoModelForCausalLM.from_config``: hidden 64,
+two layers, 4-8 experts, vocab 128, fp32, eval, seeded; no download), a deep copy is patched, and the patched
+model must give the unpatched model's logits to 1e-5 and the same 32 greedy tokens. transformers' default
+initialisation (std ``initializer_range``) is raised to 0.1 so that the experts move the logits clearly and
+the routing has margins (at 0.02, zeroing the experts moves the logits by only 1e-2 to 2e-1).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from moe_core.errors import InvalidInputError  # noqa: E402
+from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR  # noqa: E402
+from moe_core.integrations.transformers import find_moe_blocks  # noqa: E402
+from moe_core.integrations.transformers.patch import (  # noqa: E402
+    FoldedSharedMlp,
+    PatchedMoeBlock,
+    PatchReport,
+    patch_model,
+)
+from moe_core.tolerances import relative_l2, tolerance  # noqa: E402
+
+TOL = 1e-5
+NEW_TOKENS = 32
+BASE = dict(
+    hidden_size=64,
+    vocab_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    initializer_range=0.1,
+)
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4)
+_DEEPSEEK = dict(
+    intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=0
+)
+_FOUR = dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+
+#: case -> (model_type, config overrides, the block class patched)
+CASES = {
+    "mixtral": ("mixtral", _FOUR, "MixtralSparseMoeBlock"),
+    "qwen3_moe": (
+        "qwen3_moe",
+        dict(intermediate_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, head_dim=16),
+        "Qwen3MoeSparseMoeBlock",
+    ),
+    "olmoe": ("olmoe", dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2), "OlmoeSparseMoeBlock"),
+    "qwen2_moe": (
+        "qwen2_moe",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=2,
+        ),
+        "Qwen2MoeSparseMoeBlock",
+    ),
+    "gpt_oss": ("gpt_oss", dict(**_FOUR, head_dim=16), "GptOssMLP"),
+    "deepseek_v3": (
+        "deepseek_v3",
+        dict(
+            **_DEEPSEEK, **_MLA, n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, q_lora_rank=32
+        ),
+        "DeepseekV3MoE",
+    ),
+    "deepseek_v32": (
+        "deepseek_v32",
+        dict(**_DEEPSEEK, **_MLA, n_shared_experts=1, n_group=4, topk_group=2, q_lora_rank=32),
+        "DeepseekV32MoE",
+    ),
+    "bailing_hybrid": (
+        "bailing_hybrid",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=0,
+            n_group=4,
+            topk_group=2,
+            pad_token_id=0,
+            num_key_value_heads=4,
+            layer_types=["full_attention", "full_attention"],  # its linear attention is not the MoE's business
+        ),
+        "BailingHybridMoE",
+    ),
+    "glm4_moe": (
+        "glm4_moe",
+        dict(**_DEEPSEEK, n_shared_experts=1, n_group=4, topk_group=2, head_dim=16),
+        "Glm4MoeMoE",
+    ),
+    "deepseek_v2": (
+        "deepseek_v2",
+        dict(
+            **_DEEPSEEK,
+            **_MLA,
+            n_shared_experts=2,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+            q_lora_rank=None,
+        ),
+        "DeepseekV2Moe",
+    ),
+    "llama4_text": (
+        "llama4_text",
+        dict(
+            intermediate_size=32,
+            intermediate_size_mlp=64,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=1,
+            head_dim=16,
+        ),
+        "Llama4TextMoe",
+    ),
+    "phimoe": ("phimoe", _FOUR, "PhimoeSparseMoeBlock"),
+    "granitemoe": ("granitemoe", _FOUR, "GraniteMoeMoE"),
+    "granitemoeshared": ("granitemoeshared", dict(**_FOUR, shared_intermediate_size=48), "GraniteMoeSharedMoE"),
+    "granitemoe_swa": ("granitemoe_swa", _FOUR, "GraniteMoeSWAMoE"),
+    "granitemoehybrid": (
+        "granitemoehybrid",
+        dict(**_FOUR, shared_intermediate_size=48, layer_types=["attention", "attention"]),
+        "GraniteMoeHybridMoE",
+    ),
+}
+
+
+def build(case: str, dtype: torch.dtype = torch.float32, **overrides):
+    model_type, config_overrides, _ = CASES[case]
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **config_overrides, **overrides})
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    model.generation_config.eos_token_id = None  # random weights: no early stop, always NEW_TOKENS tokens
+    return model
+
+
+def input_ids(batch: int = 2, seq: int = 7) -> torch.Tensor:
+    return torch.randint(0, BASE["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+def patched_copy(model, **kwargs):
+    patched = copy.deepcopy(model)
+    return patched, patch_model(patched, **kwargs)
+
+
+# --- every family, fp32: logits and greedy tokens -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_patched_model_matches_transformers(case):
+    model = build(case)
+    names = [name for name, _ in find_moe_blocks(model)]
+    assert len(names) == BASE["num_hidden_layers"]
+    patched, report = patched_copy(model, backend="torch")
+    assert [r.name for r in report.replaced] == names and not report.skipped
+    assert {r.block_class for r in report.replaced} == {CASES[case][2]}
+    assert all(isinstance(patched.get_submodule(n), PatchedMoeBlock) for n in names)
+    assert not list(find_moe_blocks(patched))
+
+    ids = input_ids()
+    ref, ours = logits(model, ids), logits(patched, ids)
+    err = (ours - ref).abs().max().item()
+    print(f"{case}: max abs logit error {err:.2e} (max |logit| {ref.abs().max().item():.2f})")
+    assert err < TOL
+
+    prompt = ids[:1]
+    expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    got = patched.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert got.shape == expected.shape == (1, prompt.shape[1] + NEW_TOKENS)
+    assert torch.equal(got, expected)
+
+
+# --- bf16 ------------------------------------------------------------------------------------------------------
+
+#: bf16 logits, relative to the largest |logit|: transformers rounds every GEMM output (the experts' gate_up,
+#: the activation, down, each weighted expert output) to bf16 — half an ulp is 2^-8 ~ 3.9e-3 per rounding — while
+#: the torch backend keeps float32 intermediates and rounds its output once; both differ from exact by a few
+#: roundings per MoE layer, those differences go through the following attention/norm layers, and a near-tie in
+#: the routing may pick another expert for a token. Measured 6e-3 (qwen2_moe) to 8.5e-3 (deepseek_v3, gpt_oss);
+#: 5e-2 leaves room for another machine's summation order.
+BF16_REL = 5e-2
+
+
+@pytest.mark.parametrize("case", ["qwen2_moe", "deepseek_v3", "gpt_oss"])
+def test_patched_model_bf16_within_tolerance(case):
+    model = build(case, torch.bfloat16)
+    patched, report = patched_copy(model, backend="torch")
+    assert len(report.replaced) == 2
+    assert all(patched.get_submodule(r.name).config.dtype == torch.bfloat16 for r in report.replaced)
+    ids = input_ids()
+    ref, ours = logits(model, ids), logits(patched, ids)
+    rel = ((ours - ref).abs().max() / ref.abs().max()).item()
+    print(f"{case} bf16: max logit error / max |logit| = {rel:.2e}")
+    assert rel < BF16_REL
+    # the generated tokens are not compared: a near-tie between two logits may round either way in bf16
+
+
+# --- the report, the return forms, shared MLPs in the decoder layer ------------------------------------------------
+
+
+def test_report_lists_backends_and_return_forms():
+    model = build("gpt_oss", num_hidden_layers=1)
+    report = patch_model(model, backend="torch")
+    [entry] = report.replaced
+    assert (entry.name, entry.block_class, entry.backend, entry.shared_backend) == (
+        "model.layers.0.mlp",
+        "GptOssMLP",
+        "torch",
+        None,
+    )
+    assert entry.returns == "tuple of 2" and entry.detected_by == "probe"
+    layer = model.model.layers[0].mlp
+    out = layer(torch.zeros(2, 3, 64))
+    assert isinstance(out, tuple) and out[0].shape == (2, 3, 64) and out[1] is None
+    text = str(report)
+    assert "model.layers.0.mlp" in text and "GptOssMLP" in text and "torch" in text
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["replaced"][0]["name"] == "model.layers.0.mlp" and data["skipped"] == []
+
+
+def test_llama4_returns_a_flat_tuple_and_shared_backend_is_reported():
+    model = build("llama4_text", num_hidden_layers=1)
+    report = patch_model(model, backend="torch")
+    [entry] = report.replaced
+    assert entry.shared_backend == "torch" and entry.returns == "tuple of 2 (flat [M, H])"
+    out, second = model.model.layers[0].feed_forward(torch.zeros(2, 3, 64))
+    assert out.shape == (6, 64) and second is None
+
+
+def test_probe_failure_falls_back_to_the_class_table():
+    model = build("gpt_oss", num_hidden_layers=1)
+    reference = copy.deepcopy(model)
+    block = model.model.layers[0].mlp
+
+    def no_probe(*args, **kwargs):
+        raise RuntimeError("cannot run here")
+
+    block.forward = no_probe
+    [entry] = patch_model(model, backend="torch").replaced
+    assert entry.returns == "tuple of 2" and entry.detected_by.startswith("class table")
+    ids = input_ids()
+    assert (logits(model, ids) - logits(reference, ids)).abs().max() < TOL
+
+
+@pytest.mark.parametrize("case", ["granitemoeshared", "granitemoehybrid"])
+def test_layer_level_shared_mlp_is_folded_in(case):
+    model = build(case, num_hidden_layers=1, **({"layer_types": ["attention"]} if case == "granitemoehybrid" else {}))
+    decoder = model.model.layers[0]
+    gone = weakref.ref(decoder.shared_mlp)
+    [entry] = patch_model(model, backend="torch").replaced
+    assert entry.shared_backend == "torch"
+    gc.collect()
+    assert gone() is None
+    if case == "granitemoeshared":  # its forward skips a None shared MLP
+        assert decoder.shared_mlp is None
+    else:  # GraniteMoeHybrid calls it unconditionally
+        assert isinstance(decoder.shared_mlp, FoldedSharedMlp)
+    assert decoder.block_sparse_moe.shared_runner is not None
+
+
+# --- memory: nothing keeps the original blocks --------------------------------------------------------------------
+
+
+def test_original_blocks_and_expert_weights_are_freed():
+    model = build("qwen2_moe")
+    blocks = [weakref.ref(b) for _, b in find_moe_blocks(model)]
+    experts = [weakref.ref(b().experts.gate_up_proj) for b in blocks]
+    shared = [weakref.ref(b().shared_expert.gate_proj.weight) for b in blocks]
+    patch_model(model, backend="torch")
+    gc.collect()
+    assert all(ref() is None for ref in blocks + experts + shared)
+    # the layers' expert tensors share nothing with what is left of the model (the router keeps its gate weight)
+    kept = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    layers = [m for m in model.modules() if isinstance(m, PatchedMoeBlock)]
+    assert len(layers) == 2
+    for layer in layers:
+        for runner in (layer.runner, layer.shared_runner):
+            assert all(t.untyped_storage().data_ptr() not in kept for t in runner.prepared.tensors().values())
+
+
+# --- strict: modules that look like MoE blocks but have no converter ---------------------------------------------
+
+
+class FakeMoeBlock(torch.nn.Module):
+    """A made-up MoE block: an ``experts`` submodule, a class no converter knows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.experts(x)
+
+
+def test_strict_raises_on_an_unsupported_block_naming_it():
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.ModuleDict({"mlp": FakeMoeBlock()})])
+    with pytest.raises(InvalidInputError) as info:
+        patch_model(model)
+    message = str(info.value)
+    assert "layers.0.mlp" in message and "FakeMoeBlock" in message and "MixtralSparseMoeBlock" in message
+    report = patch_model(model, strict=False)
+    assert report.replaced == [] and [(s.name, s.block_class) for s in report.skipped] == [
+        ("layers.0.mlp", "FakeMoeBlock")
+    ]
+    assert "layers.0.mlp" in str(report)
+
+
+def test_strict_raises_before_replacing_anything_and_non_strict_patches_the_rest():
+    model = build("mixtral")
+    model.model.layers[1].extra = FakeMoeBlock()
+    with pytest.raises(InvalidInputError, match=r"model\.layers\.1\.extra \(FakeMoeBlock\)"):
+        patch_model(model, backend="torch")
+    assert not any(isinstance(m, PatchedMoeBlock) for m in model.modules())
+    report = patch_model(model, backend="torch", strict=False)
+    assert [r.name for r in report.replaced] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert [s.name for s in report.skipped] == ["model.layers.1.extra"]
+
+
+def test_unknown_quant_scheme_is_refused():
+    with pytest.raises(InvalidInputError, match="quant_scheme"):
+        patch_model(torch.nn.Module(), quant_scheme="bf16")
+
+
+# --- quantized routed experts ---------------------------------------------------------------------------------
+
+
+def test_fp8_block_runs_and_stays_close():
+    """Block level: ``tolerances`` for fp8_block is 3e-2 relative L2 against a reference that quantizes the
+    activations the same way; here the reference is the *unquantized* block, so the weights' own rounding
+    (e4m3, 3-bit mantissa: ~2-3% per GEMM in L2 over random weights) counts too: 1e-1. Logits: the experts are a
+    share of each logit, so the same rounding moves them by less, relative to the largest: 5e-2. Measured: 5.9e-2
+    (block) and 1.4e-2 (logits)."""
+    model = build("qwen3_moe")
+    patched, report = patched_copy(model, backend="torch", quant_scheme="fp8_block")
+    assert {r.quant_scheme for r in report.replaced} == {"fp8_block"}
+    layer = patched.get_submodule(report.replaced[0].name)
+    assert layer.config.quant_scheme == "fp8_block" and layer.runner.prepared.w13.dtype == torch.float8_e4m3fn
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        block_err = relative_l2(layer(x), model.get_submodule(report.replaced[0].name)(x))
+    ids = input_ids()
+    ref, ours = logits(model, ids), logits(patched, ids)
+    rel = ((ours - ref).abs().max() / ref.abs().max()).item()
+    print(f"fp8_block: block relative L2 {block_err:.2e}, logits {rel:.2e}")
+    assert 0 < block_err < 1e-1 and rel < 5e-2
+
+
+def test_mxfp4_of_mxfp4_representable_weights_is_lossless():
+    """A gpt-oss MXFP4 checkpoint loaded without its kernels is dequantized by transformers (to bf16): its
+    values are MXFP4-representable, and re-quantizing them (block of 32 along H, the same axis as the
+    checkpoint's blocks) gives them back exactly (measured: bit for bit). Here on Mixtral's layout (K last), fp32."""
+    from moe_core.quant import dequantize_mxfp4, dequantize_weights, quantize_mxfp4
+
+    model = build("mixtral", num_hidden_layers=1)
+    experts = model.model.layers[0].mlp.experts
+    with torch.no_grad():
+        for p in (experts.gate_up_proj, experts.down_proj):
+            p.copy_(dequantize_mxfp4(*quantize_mxfp4(p)))
+    reference = copy.deepcopy(model)
+    want = (experts.gate_up_proj.detach().clone(), experts.down_proj.detach().clone())
+    report = patch_model(model, backend="torch", quant_scheme="mxfp4")
+    layer = model.model.layers[0].mlp
+    assert report.replaced[0].quant_scheme == "mxfp4" and layer.runner.prepared.w13.dtype == torch.uint8
+    w13, w2 = dequantize_weights(layer.runner.prepared, "mxfp4")
+    assert torch.equal(w13, want[0]) and torch.equal(w2, want[1])
+    ids = input_ids()
+    assert (logits(model, ids) - logits(reference, ids)).abs().max() < TOL
+
+
+# --- torch.compile ---------------------------------------------------------------------------------------------
+
+
+def test_torch_compile_of_a_patched_model_runs():
+    """One case (the slowest test here: dynamo traces the whole model; ``aot_eager`` skips inductor's codegen)."""
+    torch._dynamo.reset()
+    model = build("qwen2_moe", num_hidden_layers=1)
+    patched, _ = patched_copy(model, backend="torch")
+    compiled = torch.compile(patched, backend="aot_eager")
+    ids = input_ids()
+    assert (logits(compiled, ids) - logits(model, ids)).abs().max() < TOL
+    torch._dynamo.reset()
+
+
+# --- triton under its CPU interpreter, in a fresh interpreter ------------------------------------------------------
+
+TRITON_CASES = ("mixtral", "qwen2_moe")
+
+
+def triton_against_unpatched() -> dict:
+    """Run by the test below in a fresh interpreter with ``TRITON_INTERPRET=1``."""
+    out = {}
+    for case in TRITON_CASES:
+        model = build(case, num_hidden_layers=1)
+        patched, report = patched_copy(model, backend="triton")
+        ids = input_ids(1, 4)
+        out[case] = {
+            "backends": [report.replaced[0].backend, report.replaced[0].shared_backend],
+            "error": relative_l2(logits(patched, ids), logits(model, ids)),
+        }
+    return out
+
+
+def test_triton_backend_matches_unpatched(tmp_path):
+    """``TRITON_INTERPRET`` must be set before triton is imported (see test_layer's triton case)."""
+    for module, why in (("triton", "triton is not installed"), ("moe_triton", "moe-triton is not installed")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{why} (pip install -e plugins/triton-moe)")
+    env = {k: v for k, v in os.environ.items() if k not in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR)}
+    env["MOE_CACHE_DIR"] = str(tmp_path)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_transformers_patch as t; "
+        "print(json.dumps(t.triton_against_unpatched()))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for case in TRITON_CASES:
+        shared = "triton" if case == "qwen2_moe" else None
+        assert result[case]["backends"] == ["triton", shared], result
+        # fp32 end to end: the layers' own tolerance (1e-4 relative L2) bounds the logits' too
+        assert result[case]["error"] <= tolerance("fp32", torch.float32), result
+
+
+# --- transformers stays optional ---------------------------------------------------------------------------------
+
+
+def test_importing_the_integration_does_not_import_transformers():
+    code = (
+        "import sys, moe_core, moe_core.integrations.transformers as t; "
+        "import moe_core.integrations.transformers.patch, moe_core.integrations.transformers.experts_interface; "
+        "assert 'transformers' not in sys.modules, 'transformers was imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_report_is_a_dataclass_with_a_readable_empty_form():
+    assert str(PatchReport()).startswith("replaced 0 MoE block(s), skipped 0")

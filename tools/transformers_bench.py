@@ -1,0 +1,139 @@
+"""Time a transformers MoE model patched with ``patch_model`` against transformers' own experts implementations.
+
+A model with the real layer shapes of a family (random weights, ``--layers`` decoder layers, a small
+vocabulary so the LM head does not dominate) is built once in bf16 on the GPU; every implementation runs
+the same weights and the same inputs:
+
+- ``eager`` and ``grouped_mm``: transformers' experts implementations (``set_experts_implementation``);
+- ``moe:<backend>`` (and ``moe:<backend>:<scheme>``): a deep copy patched with
+  ``moe_core.integrations.transformers.patch_model(copy, backend=..., quant_scheme=...)``.
+
+For each token count M it reports the eager wall time (CUDA-synchronised, median of ``--repeat`` after
+warm-up) of one MoE block on ``[M, H]`` and of the whole model's forward on ``[1, M]`` (prefill) or
+``[M, 1]`` (a decode step of a batch of M sequences, no KV cache), and the patched model's largest logit
+difference against ``grouped_mm``'s on the same input. Eager wall time is what a transformers user pays:
+host overhead included, no CUDA graph.
+
+    python tools/transformers_bench.py --family qwen3-30b-a3b --tokens 1,64,2048 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+FAMILIES = {
+    # real layer shapes; vocabulary cut to 32000 (the LM head is not what is measured)
+    "qwen3-30b-a3b": lambda t, layers: t.Qwen3MoeConfig(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_hidden_layers=layers, vocab_size=32000,
+    ),
+    "gpt-oss-120b": lambda t, layers: t.GptOssConfig(
+        num_hidden_layers=layers, vocab_size=32000,
+        layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+    ),
+}  # fmt: skip
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_us(fn, repeat: int, device: torch.device) -> float:
+    for _ in range(3):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def _block(model):
+    return model.model.layers[0].mlp
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=sorted(FAMILIES), required=True)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--tokens", default="1,64,2048", help="comma list of M")
+    p.add_argument("--impls", default="eager,grouped_mm,moe:triton", help="comma list (moe:BACKEND[:SCHEME])")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--device", default="cuda", help="cuda (what is measured) or cpu (a smoke run of the tool)")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+
+    import transformers
+
+    from moe_core.integrations.transformers import patch_model
+
+    torch.manual_seed(0)
+    config = FAMILIES[args.family](transformers, args.layers)
+    device = torch.device(args.device)
+    base = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).to(device).eval()
+    h = config.hidden_size
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows, reference = [], {}
+    for impl in args.impls.split(","):
+        if impl.startswith("moe:"):
+            _, backend, *scheme = impl.split(":")
+            model = copy.deepcopy(base)
+            report = patch_model(model, backend=backend, quant_scheme=scheme[0] if scheme else None)
+            print(report, flush=True)
+        else:
+            model = base
+            model.set_experts_implementation(impl)
+        block = _block(model)
+        for m in tokens:
+            gen = torch.Generator(device=device).manual_seed(m)
+            x = torch.randn(1, m, h, device=device, dtype=torch.bfloat16, generator=gen)
+            ids_prefill = torch.randint(0, config.vocab_size, (1, m), device=device, generator=gen)
+            ids_decode = ids_prefill.reshape(m, 1)
+            with torch.no_grad():
+                block_us = _median_us(lambda x=x, block=block: block(x), args.repeat, device)
+                row = {"family": args.family, "impl": impl, "M": m, "block_us": round(block_us, 1)}
+                for phase, ids in (("prefill", ids_prefill), ("decode", ids_decode)):
+                    if phase == "prefill" and m == 1:
+                        continue
+                    forward = lambda ids=ids, model=model: model(input_ids=ids, use_cache=False)
+                    row[f"{phase}_us"] = round(_median_us(forward, args.repeat, device), 1)
+                    logits = model(input_ids=ids, use_cache=False).logits.float()
+                    if impl == "grouped_mm":
+                        reference[(m, phase)] = logits
+                    elif (m, phase) in reference:
+                        ref = reference[(m, phase)]
+                        row[f"{phase}_max_logit_diff"] = float((logits - ref).abs().max())
+                        row[f"{phase}_ref_logit_scale"] = float(ref.abs().max())
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        if model is not base:
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    out = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "command": " ".join(sys.argv),
+        "rows": rows,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
