@@ -96,7 +96,7 @@ def core(session: nox.Session) -> None:
 @nox.session
 def transformers(session: nox.Session) -> None:
     """transformers' MoE blocks: converters, routing and patched models against transformers (random weights)."""
-    session.install(*CONSTRAINTS, "./core[test,transformers]")
+    session.install(*CONSTRAINTS, "./core[test,transformers]", "./plugins/triton-moe[test]")  # + triton interpreted
     _pytest(session, *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("core/tests/test_transformers_*.py")))
 
 
