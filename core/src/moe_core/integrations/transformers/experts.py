@@ -254,22 +254,11 @@ def match_activation(ex: _Experts, candidates: Sequence[str], *, alpha: float, l
     )
 
 
-def build_moe(
-    ex: _Experts,
-    activation: str,
-    top_k: int,
-    router: HFRouter,
-    dtype: torch.dtype,
-    family: str,
-    shared: SharedExperts | None = None,
-    **config_kwargs,
-) -> HFMoe:
+def experts_config(ex: _Experts, activation: str, top_k: int, dtype: torch.dtype, **config_kwargs) -> MoeConfig:
+    """The ``MoeConfig`` of read experts: their shapes and biases, ``activation``, ``top_k``, the unquantized
+    scheme of ``dtype`` (``config_kwargs``: swiglu parameters, router weight on input)."""
     e, two_i, h = ex.w13.shape
-    if router.num_experts != e or router.hidden_size != h:
-        raise InvalidInputError(
-            f"{family}: router weight is [{router.num_experts}, {router.hidden_size}] but the experts are E={e}, H={h}"
-        )
-    config = MoeConfig(
+    return MoeConfig(
         num_experts=e,
         top_k=int(top_k),
         hidden_size=h,
@@ -280,6 +269,24 @@ def build_moe(
         has_bias=ex.b13 is not None,
         **config_kwargs,
     )
+
+
+def build_moe(
+    ex: _Experts,
+    activation: str,
+    top_k: int,
+    router: HFRouter,
+    dtype: torch.dtype,
+    family: str,
+    shared: SharedExperts | None = None,
+    **config_kwargs,
+) -> HFMoe:
+    e, _, h = ex.w13.shape
+    if router.num_experts != e or router.hidden_size != h:
+        raise InvalidInputError(
+            f"{family}: router weight is [{router.num_experts}, {router.hidden_size}] but the experts are E={e}, H={h}"
+        )
+    config = experts_config(ex, activation, top_k, dtype, **config_kwargs)
     weights = MoeWeights(
         w13=_copy(ex.w13, dtype), w2=_copy(ex.w2, dtype), b13=_copy(ex.b13, dtype), b2=_copy(ex.b2, dtype)
     )

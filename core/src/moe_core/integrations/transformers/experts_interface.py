@@ -42,9 +42,8 @@ from collections.abc import Callable
 import torch
 
 from moe_core.config import MoeConfig
-from moe_core.dtypes import short_name
 from moe_core.errors import InvalidInputError
-from moe_core.integrations.transformers.experts import fused_experts, match_activation
+from moe_core.integrations.transformers.experts import experts_config, fused_experts, match_activation
 from moe_core.runner import MoeRunner
 from moe_core.weights import MoeWeights
 
@@ -109,23 +108,11 @@ def _canonical(experts, top_k: int, dtype: torch.dtype, device: torch.device) ->
     alpha = float(getattr(experts, "alpha", None) or 1.702)
     limit = float(getattr(experts, "limit", None) or 7.0)
     activation = match_activation(ex, ("silu", "gelu", "swiglu_oai"), alpha=alpha, limit=limit, family=cls)
-    e, two_i, h = ex.w13.shape
     w13, w2 = ex.w13, ex.w2
     canonical = not getattr(experts, "is_transposed", False) and getattr(experts, "is_concatenated", True)
     if canonical:  # the HF layout is the canonical one: a view of the parameters, not the gathered copy
         w13 = experts.gate_up_proj.detach()
         w2 = experts.down_proj.detach()
     cast = lambda t: None if t is None else t.to(device=device, dtype=dtype).contiguous()
-    config = MoeConfig(
-        num_experts=e,
-        top_k=int(top_k),
-        hidden_size=h,
-        intermediate_size=two_i // 2,
-        quant_scheme=short_name(dtype),
-        activation=activation,
-        dtype=dtype,
-        has_bias=ex.b13 is not None,
-        swiglu_alpha=alpha,
-        swiglu_limit=limit,
-    )
+    config = experts_config(ex, activation, top_k, dtype, swiglu_alpha=alpha, swiglu_limit=limit)
     return config, MoeWeights(w13=cast(w13), w2=cast(w2), b13=cast(ex.b13), b2=cast(ex.b2))
