@@ -16,6 +16,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from hf_tiny_models import _DEEPSEEK, _MLA, NEW_CASES  # noqa: E402
 
 from moe_core import MoeRunner  # noqa: E402
 from moe_core.activations import apply_activation  # noqa: E402
@@ -24,96 +25,10 @@ from moe_core.weights import SharedExperts  # noqa: E402
 
 TOL = 1e-5
 BASE = dict(hidden_size=64, vocab_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
-_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4)
-_DEEPSEEK = dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2)
-#: DeepSeek-V3-style routers with groups (a clone's config names the expert count num_local_experts or n_routed_experts)
-_GROUPS = dict(n_shared_experts=1, first_k_dense_replace=0, n_group=4, topk_group=2, routed_scaling_factor=2.5)
-_QWEN = dict(intermediate_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
-_SHARED = dict(_QWEN, shared_expert_intermediate_size=48)
-_FULL = dict(layer_types=["full_attention"])
-_SPARSE = dict(mlp_layer_types=["sparse"])
 #: built as the block alone from the config (no model class of its own, or layers too heavy to configure)
 _BLOCK_ONLY = {"qwen4_exp_text", "dots3_note_vision_encoder"}
 #: extra constructor arguments of such a block (the layer index)
 _BLOCK_ARGS = {"dots3_note_vision_encoder": (0,)}
-
-#: the families covered since transformers 5.24's hooked blocks were reviewed (same form as CASES)
-NEW_CASES = {
-    "qwen3_next": (dict(_SHARED, **_FULL, head_dim=16), "Qwen3NextSparseMoeBlock", True),
-    "qwen3_vl_moe_text": (dict(_QWEN, head_dim=16), "Qwen3VLMoeTextSparseMoeBlock", False),
-    "qwen3_omni_moe_text": (dict(_QWEN, head_dim=16), "Qwen3OmniMoeThinkerTextSparseMoeBlock", False),
-    "qwen3_omni_moe_talker_text": (dict(_SHARED, head_dim=16), "Qwen3OmniMoeTalkerTextSparseMoeBlock", True),
-    "qwen3_5_moe_text": (dict(_SHARED, **_FULL, head_dim=16), "Qwen3_5MoeSparseMoeBlock", True),
-    "qwen4_exp_text": (dict(_SHARED, **_FULL, head_dim=16, norm_topk_prob=False), "Qwen4ExpTextSparseMoeBlock", True),
-    "flex_olmo": (
-        dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2, pad_token_id=0),
-        "FlexOlmoSparseMoeBlock",
-        False,
-    ),
-    "mellum": (dict(_QWEN, head_dim=16), "MellumSparseMoeBlock", False),
-    "lara_mini": (dict(_SHARED, **_FULL, head_dim=16, norm_topk_prob=False), "LaraMiniSparseMoeBlock", True),
-    "minimax": (
-        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, **_FULL),
-        "MiniMaxSparseMoeBlock",
-        False,
-    ),
-    "jamba": (
-        dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2, expert_layer_period=1, expert_layer_offset=0),
-        "JambaSparseMoeBlock",
-        False,
-    ),
-    "hunyuan_v1_moe": (dict(intermediate_size=32, num_experts=8, moe_topk=2, head_dim=16), "HunYuanMoEV1Moe", True),
-    "aria_text": (
-        dict(intermediate_size=32, moe_num_experts=8, moe_topk=2, moe_num_shared_experts=2),
-        "AriaTextMoELayer",
-        True,
-    ),
-    "ernie4_5_moe": (
-        dict(_QWEN, moe_num_shared_experts=1, moe_layer_start_index=0, moe_layer_interval=1),
-        "Ernie4_5_MoeSparseMoeBlock",
-        True,
-    ),
-    "minimax_m2": (
-        dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, head_dim=16),
-        "MiniMaxM2SparseMoeBlock",
-        False,
-    ),
-    "flint": (dict(_SHARED, head_dim=16, mlp_only_layers=[]), "FlintSparseMoeBlock", True),
-    "lfm2_moe": (
-        dict(_QWEN, num_dense_layers=0, use_expert_bias=True, routed_scaling_factor=1.5, **_FULL),
-        "Lfm2MoeSparseMoeBlock",
-        False,
-    ),
-    "glm4_moe_lite": (dict(_DEEPSEEK, **_MLA, **_GROUPS, **_SPARSE, q_lora_rank=None), "Glm4MoeLiteMoE", True),
-    "glm4v_moe_text": (dict(_DEEPSEEK, **_GROUPS, head_dim=16), "Glm4vMoeTextMoE", True),
-    "glm_moe_dsa": (dict(_DEEPSEEK, **_MLA, **_GROUPS, q_lora_rank=32), "GlmMoeDsaMoE", True),
-    "kimi_linear": (
-        dict(_DEEPSEEK, **_MLA, **_GROUPS, **_FULL, q_lora_rank=None, pad_token_id=0),
-        "KimiLinearMoE",
-        True,
-    ),
-    "dots1": (dict(_DEEPSEEK, **_GROUPS, head_dim=16), "Dots1MoE", True),
-    "dots3_note_text": (dict(_DEEPSEEK, **_MLA, **_GROUPS, q_lora_rank=32, pad_token_id=0), "Dots3NoteTextMoE", True),
-    "dots3_note_vision_encoder": (
-        dict(adapter_in_dim=64, moe_intermediate_size=32, pyramid_num_routed=[8], router_scaling_factor=1.5),
-        "Dots3NoteVisionMoE",
-        False,
-    ),
-    "exaone_moe": (
-        dict(_QWEN, num_shared_experts=1, first_k_dense_replace=0, n_group=4, topk_group=2, head_dim=16),
-        "ExaoneMoeSparseMoEBlock",
-        True,
-    ),
-    "solar_open": (dict(_DEEPSEEK, **_GROUPS, head_dim=16), "SolarOpenMoE", True),
-    "mimo_v2_flash": (dict(_DEEPSEEK, **_GROUPS, **_SPARSE, head_dim=16, v_head_dim=16), "MiMoV2FlashMoE", False),
-    "mistral4": (dict(_DEEPSEEK, **_MLA, **_GROUPS, q_lora_rank=32), "Mistral4MoE", True),
-    "mistral_large4_text": (dict(_DEEPSEEK, **_MLA, **_GROUPS, q_lora_rank=32), "MistralLarge4TextMoE", True),
-    "unlimited_ocr_text": (
-        dict(_DEEPSEEK, **_MLA, **_GROUPS, topk_method="group_limited_greedy", q_lora_rank=None),
-        "UnlimitedOcrTextMoe",
-        True,
-    ),
-}
 
 #: model_type -> (config overrides, expected block class, has shared experts)
 CASES = {

@@ -1,16 +1,19 @@
 """``patch_model``: whole tiny transformers models with every MoE block replaced by a ``MoeLayer``.
 
-Each supported family is built in code (``AutoConfig.for_model`` + ``AutoModelForCausalLM.from_config``: hidden 64,
-two layers, 4-8 experts, vocab 128, fp32, eval, seeded; no download), a deep copy is patched, and the patched
-model must give the unpatched model's logits to 1e-5 and the same 32 greedy tokens. transformers' default
-initialisation (std ``initializer_range``) is raised to 0.1 so that the experts move the logits clearly and
-the routing has margins (at 0.02, zeroing the experts moves the logits by only 1e-2 to 2e-1).
+Every supported family (``SUPPORTED_BLOCKS``) whose causal LM can be built from a tiny config is built in code
+(``AutoConfig.for_model`` + ``AutoModelForCausalLM.from_config``, or for a text sub-config the family's
+``ForConditionalGeneration`` with a one-layer vision tower, fed text only: hidden 64, two layers, 4-8 experts,
+vocab 128, fp32, eval, seeded; no download), a deep copy is patched, and the patched model must give the
+unpatched model's logits to 1e-5 and the same 32 greedy tokens; ``E2E_LEFT_OUT`` says why the others are not.
+transformers' default initialisation (std ``initializer_range``) is raised to 0.1 so that the experts move the
+logits clearly and the routing has margins (at 0.02, zeroing the experts moves the logits by only 1e-2 to 2e-1).
 """
 
 from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import importlib.util
 import json
 import os
@@ -24,10 +27,11 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from hf_tiny_models import _MLA, NEW_CASES  # noqa: E402
 
 from moe_core.errors import InvalidInputError  # noqa: E402
 from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR  # noqa: E402
-from moe_core.integrations.transformers import find_moe_blocks  # noqa: E402
+from moe_core.integrations.transformers import SUPPORTED_BLOCKS, find_moe_blocks  # noqa: E402
 from moe_core.integrations.transformers.patch import (  # noqa: E402
     FoldedSharedMlp,
     PatchedMoeBlock,
@@ -46,7 +50,6 @@ BASE = dict(
     num_key_value_heads=2,
     initializer_range=0.1,
 )
-_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4)
 _DEEPSEEK = dict(
     intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=0
 )
@@ -145,11 +148,132 @@ CASES = {
 }
 
 
+#: blocks no whole tiny causal LM runs (each is checked block by block in test_transformers_families)
+E2E_LEFT_OUT = {
+    # Qwen3-Omni's talker: a speech-codec decoder fed the thinker's hidden states, not a text causal LM (its
+    # generate needs the thinker and the code predictor)
+    "Qwen3OmniMoeTalkerTextSparseMoeBlock": "Qwen3-Omni talker: a codec decoder driven by the thinker, no text LM",
+    # dots3-note's vision tower: it runs on image patches only, a text prompt never reaches it
+    "Dots3NoteVisionMoE": "dots3-note vision tower: runs on image patches only, never on a text prompt",
+}
+
+#: what a whole model needs on top of the families' one-layer block configs (hf_tiny_models)
+_E2E_EXTRA = {
+    # one attention layer: with mamba layers only, generate fails in transformers (the cache has no attention
+    # layer to read the sequence length from)
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1),
+    # its indexed attention layers need the QSA indexer's sizes
+    "qwen4_exp_text": dict(
+        indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4
+    ),
+    # the multimodal rope's sections must add up to head_dim 16 x partial_rotary_factor 0.5 / 2
+    "glm4v_moe_text": dict(
+        rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5, mrope_section=[2, 1, 1])
+    ),
+}
+#: DeepSeek-OCR-2's text model is UnlimitedOcr's (from_deepseek_v2; no block case of its own)
+_EXTRA_CASES = {
+    "deepseek_ocr2_text": (
+        dict(NEW_CASES["unlimited_ocr_text"][0], mlp_layer_types=["sparse"]),
+        "DeepseekOcr2TextMoe",
+        True,
+    )
+}
+_VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=BASE["hidden_size"])
+_OCR_VISION = dict(
+    sam_config=dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        mlp_dim=32,
+        global_attn_indexes=[0],
+        downsample_channels=[16, 32],
+        output_channels=16,
+        image_size=64,
+        window_size=2,
+    ),
+    encoder_config=dict(
+        hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28
+    ),
+)
+#: text sub-configs without a causal LM of their own -> (the full model's type, its other sub-configs): built as
+#: the family's ForConditionalGeneration with a one-layer vision (and audio) tower, fed text only
+MULTIMODAL = {
+    "qwen3_vl_moe_text": ("qwen3_vl_moe", dict(vision_config=dict(_VISION, deepstack_visual_indexes=[]))),
+    "glm4v_moe_text": ("glm4v_moe", dict(vision_config=_VISION)),
+    "mistral_large4_text": (
+        "mistral_large4",
+        dict(
+            vision_config=dict(
+                model_type="pixtral",
+                hidden_size=32,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                head_dim=16,
+            )
+        ),
+    ),
+    "unlimited_ocr_text": ("unlimited_ocr", dict(vision_config=_OCR_VISION)),
+    "deepseek_ocr2_text": ("deepseek_ocr2", dict(vision_config=_OCR_VISION)),
+    # the thinker: its config lacks vision_start_token_id, which generate's rope index reads; its own
+    # initializer_range (not the text config's) initialises the whole model
+    "qwen3_omni_moe_text": (
+        "qwen3_omni_moe_thinker",
+        dict(
+            vision_config=dict(_VISION, deepstack_visual_indexes=[]),
+            audio_config=dict(
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                d_model=32,
+                output_dim=BASE["hidden_size"],
+                downsample_hidden_size=16,
+                num_mel_bins=16,
+            ),
+            vision_start_token_id=151652,
+            initializer_range=BASE["initializer_range"],
+        ),
+    ),
+}
+
+
+def _whole_model(overrides: dict) -> dict:
+    """A one-layer block config for BASE's layers: one-element per-layer lists repeated."""
+    layers = BASE["num_hidden_layers"]
+    return {k: v * layers if isinstance(v, list) and len(v) == 1 else v for k, v in overrides.items()}
+
+
+CASES.update(
+    {
+        case: (case, _whole_model({**overrides, **_E2E_EXTRA.get(case, {})}), block_class)
+        for case, (overrides, block_class, _) in {**NEW_CASES, **_EXTRA_CASES}.items()
+        if block_class not in E2E_LEFT_OUT
+    }
+)
+
+
+def _causal_lm(cfg):
+    """``AutoModelForCausalLM`` where the config has one, else the modeling module's ``<Stem>ForCausalLM``
+    (Mistral 4's is not in the auto map) or ``<Stem>ForConditionalGeneration``."""
+    if type(cfg) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        return transformers.AutoModelForCausalLM.from_config(cfg)
+    modeling = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
+    stem = type(cfg).__name__.removesuffix("Config")
+    model_class = getattr(modeling, f"{stem}ForCausalLM", None) or getattr(modeling, f"{stem}ForConditionalGeneration")
+    return model_class(cfg)
+
+
 def build(case: str, dtype: torch.dtype = torch.float32, **overrides):
     model_type, config_overrides, _ = CASES[case]
     torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **config_overrides, **overrides})
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    text = {**BASE, **config_overrides, **overrides}
+    if case in MULTIMODAL:
+        full_type, sub_configs = MULTIMODAL[case]
+        cfg = transformers.AutoConfig.for_model(full_type, text_config=text, **sub_configs)
+    else:
+        cfg = transformers.AutoConfig.for_model(model_type, **text)
+    model = _causal_lm(cfg).to(dtype).eval()
     model.generation_config.eos_token_id = None  # random weights: no early stop, always NEW_TOKENS tokens
     return model
 
@@ -169,6 +293,12 @@ def patched_copy(model, **kwargs):
 
 
 # --- every family, fp32: logits and greedy tokens -------------------------------------------------------------
+
+
+def test_every_supported_block_is_run_end_to_end_or_left_out_with_a_reason():
+    covered = {block_class for _, _, block_class in CASES.values()}
+    assert not covered & set(E2E_LEFT_OUT)
+    assert covered | set(E2E_LEFT_OUT) == set(SUPPORTED_BLOCKS), set(SUPPORTED_BLOCKS) - covered - set(E2E_LEFT_OUT)
 
 
 @pytest.mark.parametrize("case", list(CASES))
