@@ -1,4 +1,8 @@
-"""``MoeLayer``: a whole block (router, routed experts, shared experts) against an independent float64 loop."""
+"""``MoeLayer``: a whole block (router, routed experts, shared experts) against an independent float64 loop.
+
+Longer than 400 lines on purpose: the float64 reference loop and the layer's fixtures are shared by every
+case, from numerics to memory and compile.
+"""
 
 from __future__ import annotations
 

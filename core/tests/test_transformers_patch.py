@@ -7,6 +7,9 @@ vocab 128, fp32, eval, seeded; no download), a deep copy is patched, and the pat
 unpatched model's logits to 1e-5 and the same 32 greedy tokens; ``E2E_LEFT_OUT`` says why the others are not.
 transformers' default initialisation (std ``initializer_range``) is raised to 0.1 so that the experts move the
 logits clearly and the routing has margins (at 0.02, zeroing the experts moves the logits by only 1e-2 to 2e-1).
+
+Longer than 400 lines on purpose: one table of families and the assertions every family must pass, in one
+place.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ Here: the source selection against the installed FlashInfer's real
 generator and spec, the stubs with a real C++ compiler and binutils (a
 program calls a stubbed symbol and gets the exception), the binding's
 parameter order read from the installed source, and the slim/full choice.
+
+Longer than 400 lines on purpose: one file for the slim module's whole CPU story, which shares one FlashInfer
+install and its fixtures.
 """
 
 from __future__ import annotations
