@@ -50,6 +50,9 @@ Steps (default limit in seconds):
                        layers, real shapes): patch_model with triton (and mxfp4 for gpt-oss) against
                        transformers' eager and grouped_mm -> transformers-<family>.json (needs the
                        transformers wheels in .whl/)
+  overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
+                       M=1 and of its parts (router, runner, checks, apply) against transformers'
+                       grouped_mm block -> overhead.json (transformers wheels in .whl/)
 
 Plugin steps, PREFIX:STEP [ARGS] (default limit 300; flashinfer:build / flashinfer:slim-build /
 triton:tune 590): run plugins/PREFIX*/tools/gpu_check.sh STEP [ARGS] with OUT=$OUT/PREFIX-STEP/ (the
@@ -94,6 +97,7 @@ default_limit() {
     tests | check | bench) echo 420 ;;
     door-cost) echo 240 ;;
     transformers) echo 420 ;;
+    overhead) echo 180 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
   esac
@@ -105,7 +109,7 @@ packages_for() {  # the folders a step needs installed
     tests | check)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
-    bench | door-cost | transformers) echo core plugins/triton-moe ;;
+    bench | door-cost | transformers | overhead) echo core plugins/triton-moe ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
     *:*) echo core "$(dirname "$(dirname "$(plugin_script "${1%%:*}")")")" ;;
   esac
@@ -203,6 +207,7 @@ if [ "${1:-}" = --run-step ]; then
     bench) step_bench "$@" ;;
     door-cost) step_door_cost "$@" ;;
     transformers) step_transformers "$@" ;;
+    overhead) "$PY" tools/layer_overhead.py --json "$OUT/overhead.json" "$@" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   exit $?
@@ -216,7 +221,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;
