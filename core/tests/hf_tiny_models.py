@@ -6,6 +6,11 @@ Per-layer lists (``layer_types``, ``mlp_layer_types``) are written for one layer
 
 from __future__ import annotations
 
+#: what every tiny config shares: hidden 64, vocab 128, 4 heads, 2 KV heads (each file adds layers and the rest)
+TINY = dict(hidden_size=64, vocab_size=128, num_attention_heads=4, num_key_value_heads=2)
+#: whole models: two layers, and an initialisation wide enough that the experts move the logits
+TINY_MODEL = dict(TINY, num_hidden_layers=2, initializer_range=0.1)
+
 _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4)
 _DEEPSEEK = dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2)
 #: DeepSeek-V3-style routers with groups (a clone's config names the expert count num_local_experts or n_routed_experts)

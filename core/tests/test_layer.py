@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import functools
 import gc
-import importlib.util
-import json
 import math
-import os
-import subprocess
-import sys
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
+from interpreted_triton import run_with_triton
 
 import moe_core
 from moe_core import MoeConfig, MoeLayer, MoeRunner, MoeWeights, SharedExperts
 from moe_core.backends.torch.fused_op import TorchFusedOp
 from moe_core.errors import BackendUnavailableError, InvalidInputError
-from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR
 from moe_core.integrations.transformers.router import HFRouter
 from moe_core.quant import dequantize_weights
 from moe_core.routing import sigmoid_top1, softmax_topk
@@ -505,22 +499,7 @@ def triton_against_torch() -> dict:
 
 
 def test_layer_under_triton_matches_torch(tmp_path):
-    """In a fresh interpreter: ``TRITON_INTERPRET`` must be set before triton itself is imported (triton's own
-    ``tl`` helpers are ``@triton.jit`` functions), which this process may already have done (inductor imports
-    triton), and setting it here for the whole session would make ``auto`` pick triton in every other test."""
-    for module, why in (("triton", "triton is not installed"), ("moe_triton", "moe-triton is not installed")):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{why} (pip install -e plugins/triton-moe)")
-    env = {k: v for k, v in os.environ.items() if k not in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR)}
-    env["MOE_CACHE_DIR"] = str(tmp_path)  # no user-tuned tiles
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"  # Triton's CPU interpreter: fp32, toy shapes
-    code = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_layer; "
-        "print(json.dumps(test_layer.triton_against_torch()))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    """In a fresh interpreter with triton interpreted (``interpreted_triton``)."""
+    result = run_with_triton("test_layer", "triton_against_torch", tmp_path)
     assert result["backends"] == ["triton", "triton"]
     assert result["error"] <= tolerance("fp32", torch.float32), result

@@ -12,6 +12,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from hf_tiny_models import TINY_MODEL  # noqa: E402
 
 from moe_core.integrations.transformers.experts_interface import (  # noqa: E402
     CACHE_ATTR,
@@ -19,15 +20,7 @@ from moe_core.integrations.transformers.experts_interface import (  # noqa: E402
 )
 
 TOL = 1e-5
-BASE = dict(
-    hidden_size=64,
-    vocab_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    initializer_range=0.1,
-)
+BASE = dict(TINY_MODEL, head_dim=16)
 CASES = {
     "qwen3_moe": dict(intermediate_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2),
     "gpt_oss": dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),  # swiglu_oai, biases

@@ -16,7 +16,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from hf_tiny_models import _DEEPSEEK, _MLA, NEW_CASES  # noqa: E402
+from hf_tiny_models import _DEEPSEEK, _MLA, NEW_CASES, TINY  # noqa: E402
 
 from moe_core import MoeRunner  # noqa: E402
 from moe_core.activations import apply_activation  # noqa: E402
@@ -24,7 +24,7 @@ from moe_core.integrations.transformers import find_moe_blocks, from_hf_block  #
 from moe_core.weights import SharedExperts  # noqa: E402
 
 TOL = 1e-5
-BASE = dict(hidden_size=64, vocab_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+BASE = dict(TINY, num_hidden_layers=1)
 #: built as the block alone from the config (no model class of its own, or layers too heavy to configure)
 _BLOCK_ONLY = {"qwen4_exp_text", "dots3_note_vision_encoder"}
 #: extra constructor arguments of such a block (the layer index)

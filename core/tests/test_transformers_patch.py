@@ -19,21 +19,19 @@ import gc
 import importlib
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import weakref
-from pathlib import Path
 
 import pytest
 
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from hf_tiny_models import _MLA, NEW_CASES  # noqa: E402
+from hf_tiny_models import _MLA, NEW_CASES, TINY_MODEL  # noqa: E402
+from interpreted_triton import run_with_triton  # noqa: E402
 
 from moe_core.errors import InvalidInputError  # noqa: E402
-from moe_core.filters import ALLOW_VAR, BLOCK_VAR, STRICT_VAR  # noqa: E402
 from moe_core.integrations.transformers import SUPPORTED_BLOCKS, find_moe_blocks  # noqa: E402
 from moe_core.integrations.transformers.patch import (  # noqa: E402
     FoldedSharedMlp,
@@ -45,14 +43,7 @@ from moe_core.tolerances import relative_l2, tolerance  # noqa: E402
 
 TOL = 1e-5
 NEW_TOKENS = 32
-BASE = dict(
-    hidden_size=64,
-    vocab_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    initializer_range=0.1,
-)
+BASE = TINY_MODEL
 _DEEPSEEK = dict(
     intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=0
 )
@@ -560,21 +551,8 @@ def triton_against_unpatched() -> dict:
 
 
 def test_triton_backend_matches_unpatched(tmp_path):
-    """``TRITON_INTERPRET`` must be set before triton is imported (see test_layer's triton case)."""
-    for module, why in (("triton", "triton is not installed"), ("moe_triton", "moe-triton is not installed")):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{why} (pip install -e plugins/triton-moe)")
-    env = {k: v for k, v in os.environ.items() if k not in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR)}
-    env["MOE_CACHE_DIR"] = str(tmp_path)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    code = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_transformers_patch as t; "
-        "print(json.dumps(t.triton_against_unpatched()))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    """In a fresh interpreter with triton interpreted (``interpreted_triton``)."""
+    result = run_with_triton("test_transformers_patch", "triton_against_unpatched", tmp_path)
     for case in TRITON_CASES:
         shared = "triton" if case == "qwen2_moe" else None
         assert result[case]["backends"] == ["triton", shared], result
