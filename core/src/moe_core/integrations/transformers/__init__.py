@@ -69,9 +69,7 @@ Supported blocks (the converters are in ``families``; ``from_hf_block`` picks by
 GraniteMoeHybrid keep their shared MLP in the *decoder layer* (``layer.shared_mlp``, added to
 ``layer.block_sparse_moe(x)``), so the block alone has none: ``from_hf_block(layer.block_sparse_moe,
 shared_mlp=layer.shared_mlp)`` returns it. ``patch_model`` then folds it into the patched block and
-sets ``layer.shared_mlp = None`` where the layer's forward skips a ``None`` shared MLP
-(GraniteMoeShared), or installs a ``FoldedSharedMlp`` that adds nothing where it calls it
-unconditionally (GraniteMoeHybrid).
+replaces ``layer.shared_mlp`` by a ``FoldedSharedMlp`` that adds nothing.
 
 Patching a model: ``patch_model(model, backend="auto", strict=True, quant_scheme=None,
 shared_backend=None)`` (``patch``) replaces every supported block of a model by a ``PatchedMoeBlock``

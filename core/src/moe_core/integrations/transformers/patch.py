@@ -21,9 +21,9 @@ parent (attribute, ``ModuleList`` index or ``ModuleDict`` key), and the original
   ``hidden_states``), the class table ``TUPLE_BLOCKS`` decides and the report says so.
 - **Layer-level shared MLPs** (GraniteMoeShared, GraniteMoeHybrid keep ``shared_mlp`` in the decoder layer):
   when the converter takes ``shared_mlp=`` and the parent has a non-``None`` ``shared_mlp``, it is folded
-  into the layer's shared experts and removed from the parent: ``parent.shared_mlp = None`` where the
-  parent's forward skips a ``None`` shared MLP (GraniteMoeShared: ``if self.shared_mlp is None``), else a
-  ``FoldedSharedMlp`` that adds nothing (GraniteMoeHybrid calls ``self.shared_mlp(x)`` unconditionally).
+  into the layer's shared experts and the parent's ``shared_mlp`` becomes a ``FoldedSharedMlp`` that adds
+  nothing (``0``): right whether the layer's forward calls it unconditionally (GraniteMoeHybrid) or only
+  when it is not ``None`` (GraniteMoeShared), with no reading of transformers' source.
 - **Memory.** The converters copy the experts; the original block (and a folded ``shared_mlp``) is
   unreferenced after its replacement, so its expert weights are freed as each block is patched (peak: one
   block's weights twice). The router keeps the block's gate weight tensor (not the module).
@@ -151,8 +151,8 @@ class PatchedMoeBlock(MoeLayer):
 
 
 class FoldedSharedMlp(torch.nn.Module):
-    """Stands in for a decoder layer's ``shared_mlp`` folded into the ``PatchedMoeBlock`` beside it, where
-    the layer calls it unconditionally (GraniteMoeHybrid): adds nothing (returns ``0``)."""
+    """Stands in for a decoder layer's ``shared_mlp`` folded into the ``PatchedMoeBlock`` beside it: the
+    layer adds its output to the block's, so it returns ``0``."""
 
     def forward(self, hidden_states: torch.Tensor) -> int:
         return 0
@@ -280,14 +280,6 @@ def _fold_shared_mlp(converter, parent: torch.nn.Module) -> dict:
     return {"shared_mlp": mlp}
 
 
-def _skips_none_shared_mlp(parent: torch.nn.Module) -> bool:
-    try:
-        source = inspect.getsource(type(parent).forward)
-    except (OSError, TypeError):
-        return False
-    return "shared_mlp is None" in source
-
-
 def _converter(block):
     for cls in type(block).__mro__:
         if cls.__name__ in SUPPORTED_BLOCKS:
@@ -323,7 +315,7 @@ def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | No
     del moe, weights, block  # the layer holds the backend's prepared weights only
     _set_child(parent, attr, layer)
     if extra:
-        parent.shared_mlp = None if _skips_none_shared_mlp(parent) else FoldedSharedMlp()
+        parent.shared_mlp = FoldedSharedMlp()
     returns = "tensor" if not tuple_len else f"tuple of {tuple_len}"
     if flat:
         returns += " (flat [M, H])"
