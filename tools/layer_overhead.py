@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from transformers_bench import FAMILIES  # this folder: the model shapes, written once
 
 
 def _time(fn, repeat: int) -> dict:
@@ -52,11 +53,7 @@ def main(argv=None) -> int:
     from moe_core.validation import validate_forward
 
     torch.manual_seed(0)
-    cfg = transformers.Qwen3MoeConfig(
-        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-        num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-        num_hidden_layers=1, vocab_size=1024,
-    )  # fmt: skip
+    cfg = FAMILIES["qwen3-30b-a3b"](transformers, 1)  # the shapes transformers_bench measures
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
     model.set_experts_implementation("grouped_mm")
     hf_block = model.model.layers[0].mlp
