@@ -16,7 +16,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from hf_tiny_models import _DEEPSEEK, _MLA, NEW_CASES, TINY  # noqa: E402
+from hf_tiny_models import FAMILY_CASES, TINY  # noqa: E402
 
 from moe_core import MoeRunner  # noqa: E402
 from moe_core.activations import apply_activation  # noqa: E402
@@ -31,117 +31,7 @@ _BLOCK_ONLY = {"qwen4_exp_text", "dots3_note_vision_encoder"}
 _BLOCK_ARGS = {"dots3_note_vision_encoder": (0,)}
 
 #: model_type -> (config overrides, expected block class, has shared experts)
-CASES = {
-    "qwen2_moe": (
-        dict(
-            intermediate_size=64,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            num_experts=8,
-            num_experts_per_tok=2,
-            norm_topk_prob=False,
-        ),
-        "Qwen2MoeSparseMoeBlock",
-        True,
-    ),
-    "olmoe": (dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2), "OlmoeSparseMoeBlock", False),
-    "deepseek_v2": (
-        dict(
-            **_DEEPSEEK,
-            **_MLA,
-            n_shared_experts=2,
-            first_k_dense_replace=0,
-            topk_method="group_limited_greedy",
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=1.5,
-            q_lora_rank=None,
-        ),
-        "DeepseekV2Moe",
-        True,
-    ),
-    "deepseek_v2_greedy": (
-        dict(**_DEEPSEEK, **_MLA, n_shared_experts=1, first_k_dense_replace=0, topk_method="greedy", q_lora_rank=None),
-        "DeepseekV2Moe",
-        True,
-    ),
-    "deepseek_v3": (
-        dict(
-            **_DEEPSEEK,
-            **_MLA,
-            n_shared_experts=1,
-            first_k_dense_replace=0,
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=2.5,
-            q_lora_rank=32,
-        ),
-        "DeepseekV3MoE",
-        True,
-    ),
-    "deepseek_v32": (
-        dict(**_DEEPSEEK, **_MLA, n_shared_experts=1, first_k_dense_replace=0, n_group=4, topk_group=2, q_lora_rank=32),
-        "DeepseekV32MoE",
-        True,
-    ),
-    "bailing_hybrid": (
-        dict(
-            intermediate_size=64,
-            moe_intermediate_size=32,
-            num_experts=8,
-            num_experts_per_tok=2,
-            n_shared_experts=1,
-            first_k_dense_replace=0,
-            n_group=4,
-            topk_group=2,
-            pad_token_id=0,
-        ),
-        "BailingHybridMoE",
-        True,
-    ),
-    "glm4_moe": (
-        dict(**_DEEPSEEK, n_shared_experts=1, first_k_dense_replace=0, n_group=4, topk_group=2, head_dim=16),
-        "Glm4MoeMoE",
-        True,
-    ),
-    "llama4_text": (
-        dict(
-            intermediate_size=32,
-            intermediate_size_mlp=64,
-            num_local_experts=4,
-            num_experts_per_tok=1,
-            interleave_moe_layer_step=1,
-            head_dim=16,
-        ),
-        "Llama4TextMoe",
-        True,
-    ),
-    "phimoe": (dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "PhimoeSparseMoeBlock", False),
-    "granitemoe": (dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "GraniteMoeMoE", False),
-    "granitemoeshared": (
-        dict(intermediate_size=32, shared_intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
-        "GraniteMoeSharedMoE",
-        True,
-    ),
-    "granitemoe_swa": (
-        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
-        "GraniteMoeSWAMoE",
-        False,
-    ),
-    "granitemoehybrid": (
-        dict(
-            intermediate_size=32,
-            shared_intermediate_size=48,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            layer_types=["attention"],
-        ),
-        "GraniteMoeHybridMoE",
-        True,
-    ),
-    "mixtral": (dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2), "MixtralSparseMoeBlock", False),
-    **NEW_CASES,
-}
+CASES = FAMILY_CASES
 
 
 def _model(case: str, seed: int = 0):
