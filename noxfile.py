@@ -15,6 +15,7 @@ Run everything with ``nox``; one session with ``nox -s core``; ``nox --list``.
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -47,6 +48,27 @@ PLUGINS = _plugins()
 
 #: the out-of-tree example plugin, written as a third party would
 EXAMPLE = "examples/moe-torch-grouped"
+
+
+def _session(func=None, **options):
+    """``@nox.session`` whose environment is removed when the session ends, pass or fail, unless nox was asked to
+    reuse environments (``-R``/``-r``). A plain ``nox`` never reuses them (``reuse_existing_virtualenvs = False``), and
+    together they hold several GB (torch in each, triton, FlashInfer's dependencies): more than a CI machine may have
+    free, where the sessions run one after another and each needs only its own."""
+
+    def decorate(func):
+        @nox.session(**options)
+        @functools.wraps(func)
+        def run(session: nox.Session) -> None:
+            try:
+                func(session)
+            finally:
+                if not session.virtualenv.reuse_existing:
+                    shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+        return run
+
+    return decorate(func) if func is not None else decorate
 
 
 def _pytest(session: nox.Session, *tests_and_options: str, **kwargs):
@@ -86,14 +108,14 @@ def _install_wheels(session: nox.Session, *folders: str, extras: str = "[test]")
     session.install(*CONSTRAINTS, *(_wheel(session, f) + extras for f in folders))
 
 
-@nox.session
+@_session
 def core(session: nox.Session) -> None:
     """moe-core's own tests (plugin machinery, runner, CLI, numerics)."""
     session.install(*CONSTRAINTS, "./core[test]")
     _pytest(session, "core/tests")
 
 
-@nox.session
+@_session
 def transformers(session: nox.Session) -> None:
     """transformers' MoE blocks: converters, routing and patched models against transformers (random weights)."""
     session.install(*CONSTRAINTS, "./core[test,transformers]", "./plugins/triton-moe[test]")  # + triton interpreted
@@ -101,7 +123,7 @@ def transformers(session: nox.Session) -> None:
 
 
 def _plugin_session(name: str, folder: str):
-    @nox.session(name=name)
+    @_session(name=name)
     def plugin(session: nox.Session) -> None:
         session.install(*CONSTRAINTS, "./core[test]", f"./{folder}[test]")
         _pytest(session, f"{folder}/tests")
@@ -114,7 +136,7 @@ for _name, _folder in PLUGINS.items():
     globals()[f"plugin_{_name}"] = _plugin_session(_name, _folder)
 
 
-@nox.session
+@_session
 def all_plugins(session: nox.Session) -> None:
     """Every first-party plugin + the example plugin together (wheels): listing, duplicates, auto order.
 
@@ -127,7 +149,7 @@ def all_plugins(session: nox.Session) -> None:
     _pytest(session, f"{EXAMPLE}/tests")
 
 
-@nox.session
+@_session
 def example_wheel(session: nox.Session) -> None:
     """examples/moe-torch-grouped as shipped: its built wheel installed and tested (not the source tree).
 
@@ -141,7 +163,7 @@ def example_wheel(session: nox.Session) -> None:
     _pytest(session, f"{EXAMPLE}/tests")
 
 
-@nox.session
+@_session
 def new_plugin(session: nox.Session) -> None:
     """A third party's path: moe new-plugin against our wheels alone, built, installed, listed, tested.
 
@@ -166,7 +188,7 @@ def new_plugin(session: nox.Session) -> None:
         session.error("the skeleton's conformance cases did not skip with its not-implemented reason")
 
 
-@nox.session
+@_session
 def lint(session: nox.Session) -> None:
     """ruff over every package."""
     session.install(*CONSTRAINTS, "ruff")
@@ -174,7 +196,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(default=False)
+@_session(default=False)
 def build(session: nox.Session) -> None:
     """Wheels of moe-core, every first-party plugin and the example into dist/ (not run by a plain nox).
 

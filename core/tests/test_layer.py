@@ -464,7 +464,8 @@ def test_exported_lazily():
 
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
-def test_torch_compile_matches_eager(compiler):
+def test_torch_compile_matches_eager(compiler, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # inductor's generated C++ is not left in /tmp
     torch._dynamo.reset()
     config = make_config(e=4, h=16, i=8)
     weights = random_weights(config, seed=3)
