@@ -48,7 +48,7 @@ Steps (default limit in seconds):
                        mask, bad expert ids through triton -> door-cost.json (ARGS e.g. --parts mask)
   transformers [ARGS]  (420)  tools/transformers_bench.py for qwen3-30b-a3b and gpt-oss-120b (2 decoder
                        layers, real shapes): patch_model with triton (and mxfp4 for gpt-oss) against
-                       transformers' eager and grouped_mm -> transformers-<family>.json (needs the
+                       transformers' eager, grouped_mm and batched_mm -> transformers-<family>.json (needs the
                        transformers wheels in .whl/)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
                        M=1 and of its parts (router, runner, checks, apply) against transformers'
@@ -194,7 +194,7 @@ step_transformers() {
   local status=0
   "$PY" tools/transformers_bench.py --family qwen3-30b-a3b --json "$OUT/transformers-qwen3-30b-a3b.json" "$@" \
     || status=1
-  "$PY" tools/transformers_bench.py --family gpt-oss-120b --impls eager,grouped_mm,moe:triton,moe:triton:mxfp4 \
+  "$PY" tools/transformers_bench.py --family gpt-oss-120b --impls eager,grouped_mm,batched_mm,moe:triton,moe:triton:mxfp4 \
     --json "$OUT/transformers-gpt-oss-120b.json" "$@" || status=1
   return $status
 }

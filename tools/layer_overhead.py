@@ -3,9 +3,10 @@
 A Qwen3-30B-A3B-shaped block (H 2048, 128 experts, top-8, I 768; random weights, bf16) is patched with
 ``patch_model(backend=...)``; for M=1 each part is called ``--repeat`` times back to back and timed two
 ways: *host* (the loop's wall time before synchronising, per call: what the CPU spends submitting work)
-and *wall* (synchronised after every call). Parts: the whole patched block, its router, the runner's
-call, the runner's input checks (``validate_forward``), the backend's ``apply``, and transformers' own
-block with ``grouped_mm`` for comparison.
+and *wall* (synchronised after every call). Parts: the whole patched block as it runs by default (replayed
+from its own CUDA graph, ``moe_core.graphs``) and with those graphs off, its router, the runner's call, the
+runner's input checks (``validate_forward``), the backend's ``apply``, and transformers' own block with
+``grouped_mm`` for comparison.
 
     python tools/layer_overhead.py --json overhead.json
 """
@@ -67,7 +68,10 @@ def main(argv=None) -> int:
         ids, weights = layer.router(x2)
         runner = layer.runner
         out = torch.empty_like(x2)
-        rows["patched_block"] = _time(lambda: layer(x), args.repeat)
+        rows["patched_block"] = _time(lambda: layer(x), args.repeat)  # replayed from the layer's CUDA graph
+        max_tokens, layer.graphs.max_tokens = layer.graphs.max_tokens, 0
+        rows["patched_block_eager"] = _time(lambda: layer(x), args.repeat)  # every part below, in a row
+        layer.graphs.max_tokens = max_tokens
         rows["router"] = _time(lambda: layer.router(x2), args.repeat)
         rows["runner_call"] = _time(lambda: runner(x2, ids, weights), args.repeat)
         rows["validate_forward"] = _time(

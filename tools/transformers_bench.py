@@ -4,16 +4,23 @@ A model with the real layer shapes of a family (random weights, ``--layers`` dec
 vocabulary so the LM head does not dominate) is built once in bf16 on the GPU; every implementation runs
 the same weights and the same inputs:
 
-- ``eager`` and ``grouped_mm``: transformers' experts implementations (``set_experts_implementation``);
+- ``eager``, ``grouped_mm``, ``batched_mm``: transformers' experts implementations (``set_experts_implementation``);
 - ``moe:<backend>`` (and ``moe:<backend>:<scheme>``): a deep copy patched with
   ``moe_core.integrations.transformers.patch_model(copy, backend=..., quant_scheme=...)``.
 
-For each token count M it reports the eager wall time (CUDA-synchronised, median of ``--repeat`` after
-warm-up) of one MoE block on ``[M, H]`` and of the whole model's forward on ``[1, M]`` (prefill) or
-``[M, 1]`` (a decode step of a batch of M sequences, no KV cache), and for every implementation — bf16
-transformers ones included, so their spread is the yardstick — the relative L2 error of the block's
-output and of the logits against the same model run in float32. Eager wall time is what a transformers user pays:
-host overhead included, no CUDA graph.
+For each token count M it reports, for one MoE block on ``[M, H]``:
+
+- ``block_us``: eager wall time (CUDA-synchronised, median of ``--repeat`` after warm-up) — what a transformers
+  user pays, host overhead included. For ``moe:*`` that is the default layer, which replays forwards of few
+  tokens from its own CUDA graphs (``moe_core.graphs``); ``block_nograph_us`` is the same layer with those
+  off (``cuda_graph_max_tokens=0``);
+- ``block_graph_us``: the block captured by the caller in one CUDA graph, per replay (CUDA events over
+  ``--repeat`` replays); ``block_graph_error`` where the implementation cannot be captured;
+
+and the whole model's eager forward on ``[1, M]`` (prefill) or ``[M, 1]`` (a decode step of a batch of M
+sequences, no KV cache). For every implementation — bf16 transformers ones included, so their spread is the
+yardstick — the relative L2 error of the block's output and of the logits against the same model run in
+float32. An implementation that runs out of memory at some M records ``error`` for that row.
 
     python tools/transformers_bench.py --family qwen3-30b-a3b --tokens 1,64,2048 --json out.json
 """
@@ -61,6 +68,37 @@ def _median_us(fn, repeat: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def _graph_us(fn, repeat: int) -> float:
+    """Per-replay time of ``fn`` captured in one CUDA graph (warmed up on a side stream first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeat
+
+
+def _layers_graphs(model, max_tokens: int) -> None:
+    """Set the CUDA-graph token limit of every ``MoeLayer`` in ``model`` (``ForwardGraphs.max_tokens``)."""
+    from moe_core import MoeLayer
+
+    for module in model.modules():
+        if isinstance(module, MoeLayer):
+            module.graphs.max_tokens = max_tokens
+
+
 def _block(model):
     return model.model.layers[0].mlp
 
@@ -76,12 +114,47 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return round(float((got - ref).norm() / ref.norm().clamp_min(1e-30)), 6)
 
 
+def _measure(row: dict, model, reference, block, impl: str, m: int, config, device, repeat: int) -> None:
+    h = config.hidden_size
+    gen = torch.Generator(device=device).manual_seed(m)
+    x = torch.randn(1, m, h, device=device, dtype=torch.bfloat16, generator=gen)
+    ids_prefill = torch.randint(0, config.vocab_size, (1, m), device=device, generator=gen)
+    ids_decode = ids_prefill.reshape(m, 1)
+    ours = impl.startswith("moe:")
+    with torch.no_grad():
+        call = lambda: block(x)
+        row["block_us"] = round(_median_us(call, repeat, device), 1)
+        row["block_rel_l2"] = _rel_l2(_first(block(x)), _first(_block(reference)(x.float())))
+        if ours:
+            _layers_graphs(model, 0)
+            row["block_nograph_us"] = round(_median_us(call, repeat, device), 1)
+        if device.type == "cuda":
+            try:
+                row["block_graph_us"] = round(_graph_us(call, repeat), 1)
+            except Exception as exc:  # an implementation that cannot be captured: say why
+                row["block_graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                torch.cuda.synchronize()
+        if ours:
+            from moe_core.layer import CUDA_GRAPH_MAX_TOKENS
+
+            _layers_graphs(model, CUDA_GRAPH_MAX_TOKENS)
+        for phase, ids in (("prefill", ids_prefill), ("decode", ids_decode)):
+            if phase == "prefill" and m == 1:
+                continue
+            forward = lambda ids=ids: model(input_ids=ids, use_cache=False)
+            row[f"{phase}_us"] = round(_median_us(forward, repeat, device), 1)
+            ref = reference(input_ids=ids, use_cache=False).logits
+            row[f"{phase}_logits_rel_l2"] = _rel_l2(model(input_ids=ids, use_cache=False).logits, ref)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(FAMILIES), required=True)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--tokens", default="1,64,2048", help="comma list of M")
-    p.add_argument("--impls", default="eager,grouped_mm,moe:triton", help="comma list (moe:BACKEND[:SCHEME])")
+    p.add_argument(
+        "--impls", default="eager,grouped_mm,batched_mm,moe:triton", help="comma list (moe:BACKEND[:SCHEME])"
+    )
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda (what is measured) or cpu (a smoke run of the tool)")
     p.add_argument("--json", help="write the rows here")
@@ -94,8 +167,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     config = FAMILIES[args.family](transformers, args.layers)
     device = torch.device(args.device)
-    base = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).to(device).eval()
-    h = config.hidden_size
+    base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
     tokens = [int(t) for t in args.tokens.split(",")]
     # the yardstick of every implementation, bf16 ones included: the same model in float32
     reference = copy.deepcopy(base).float()
@@ -112,21 +184,12 @@ def main(argv=None) -> int:
             model.set_experts_implementation(impl)
         block = _block(model)
         for m in tokens:
-            gen = torch.Generator(device=device).manual_seed(m)
-            x = torch.randn(1, m, h, device=device, dtype=torch.bfloat16, generator=gen)
-            ids_prefill = torch.randint(0, config.vocab_size, (1, m), device=device, generator=gen)
-            ids_decode = ids_prefill.reshape(m, 1)
-            with torch.no_grad():
-                block_us = _median_us(lambda x=x, block=block: block(x), args.repeat, device)
-                row = {"family": args.family, "impl": impl, "M": m, "block_us": round(block_us, 1)}
-                row["block_rel_l2"] = _rel_l2(_first(block(x)), _first(_block(reference)(x.float())))
-                for phase, ids in (("prefill", ids_prefill), ("decode", ids_decode)):
-                    if phase == "prefill" and m == 1:
-                        continue
-                    forward = lambda ids=ids, model=model: model(input_ids=ids, use_cache=False)
-                    row[f"{phase}_us"] = round(_median_us(forward, args.repeat, device), 1)
-                    ref = reference(input_ids=ids, use_cache=False).logits
-                    row[f"{phase}_logits_rel_l2"] = _rel_l2(model(input_ids=ids, use_cache=False).logits, ref)
+            row = {"family": args.family, "impl": impl, "M": m}
+            try:
+                _measure(row, model, reference, block, impl, m, config, device, args.repeat)
+            except torch.OutOfMemoryError as exc:
+                row["error"] = f"out of memory: {str(exc).splitlines()[0]}"
+                torch.cuda.empty_cache()
             print(json.dumps(row), flush=True)
             rows.append(row)
         if model is not base:

@@ -77,6 +77,11 @@ class FusedOp:
     #: the runner masks such pairs itself before ``apply`` (id 0, routing weight 0): two small elementwise
     #: ops per forward that a backend declaring True does not pay.
     handles_invalid_ids: ClassVar[bool] = False
+    #: True when ``apply`` on CUDA only enqueues work on the current stream: no host synchronisation, no
+    #: host data copied per call, nothing computed on the host from tensor values. ``MoeLayer`` then replays
+    #: small forwards from CUDA graphs (``moe_core.graphs``); False keeps its forwards eager. A backend that
+    #: claims True wrongly fails its first capture, which is warned about and turns graphs off for that layer.
+    capturable: ClassVar[bool] = True
 
     # ---- support ------------------------------------------------------------
     @classmethod

@@ -31,6 +31,11 @@ canonical tensors is the backend's choice — the torch backend's prepared weigh
 triton's unquantized layout is ``.contiguous()`` of them (the same storage when already contiguous), an
 MXFP4 re-layout is new storage — so once the caller drops its canonical weights, one copy remains.
 
+Eager speed (``cuda_graph_max_tokens``, default ``CUDA_GRAPH_MAX_TOKENS``): on CUDA a forward of at most that
+many tokens is replayed from a CUDA graph of the whole flat forward, one per token count, captured the second
+time that count is seen (``moe_core.graphs`` says when it is not, and why that is safe); 0 keeps every forward
+eager. A caller capturing graphs itself, or ``torch.compile``, gets the plain forward.
+
 State and devices: the experts' weights are in a backend's prepared layout and bound to the device and
 dtype the runners were built for, so they are not parameters or buffers and are not in ``state_dict``
 (save canonical weights, or the original checkpoint, instead). ``state_dict`` holds the router's state when
@@ -42,6 +47,7 @@ of a model already on that device) passes and applies to the router.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -50,11 +56,14 @@ import torch.nn.functional as F
 from moe_core.config import ACTIVATIONS, MoeConfig
 from moe_core.dtypes import dtype_label, short_name
 from moe_core.errors import BackendUnavailableError, InvalidInputError
+from moe_core.graphs import ForwardGraphs
 from moe_core.runner import MoeRunner
 from moe_core.weights import MoeWeights, SharedExperts
 
 #: rows of the shared experts' constant routing buffers allocated at construction (grown by doubling)
 INITIAL_TOKENS = 256
+#: forwards of at most this many tokens on CUDA replay a CUDA graph per token count (``moe_core.graphs``)
+CUDA_GRAPH_MAX_TOKENS = 256
 
 Router = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -78,11 +87,16 @@ class MoeLayer(torch.nn.Module):
         shared: SharedExperts | None = None,
         backend: str | type = "auto",
         shared_backend: str | type | None = None,
+        cuda_graph_max_tokens: int = CUDA_GRAPH_MAX_TOKENS,
     ) -> None:
         super().__init__()
         if not isinstance(config, MoeConfig):
             raise InvalidInputError(f"config must be a MoeConfig, got {type(config).__name__}")
         _check_router(router, config)
+        try:
+            graphs = ForwardGraphs(cuda_graph_max_tokens, "MoeLayer")
+        except ValueError as exc:
+            raise InvalidInputError(f"cuda_graph_max_tokens: {exc}") from None
         if shared is not None:
             _check_shared(shared, config, weights)
         self.config = config
@@ -98,6 +112,11 @@ class MoeLayer(torch.nn.Module):
         self._shared_ids = self._shared_ones = None
         if self.shared_runner is not None:
             self.reserve(INITIAL_TOKENS)
+        graphs.label = f"MoeLayer on {self.backend!r}"
+        for runner in (self.runner, self.shared_runner):
+            if runner is not None and not runner.fused_op.capturable and graphs.disabled is None:
+                graphs.disabled = f"backend {runner.backend!r} cannot be captured in a CUDA graph (FusedOp.capturable)"
+        self.graphs = graphs
 
     def _bind_shared(self, shared: SharedExperts, backend, shared_backend) -> None:
         config = self.config
@@ -161,12 +180,17 @@ class MoeLayer(torch.nn.Module):
                 f"the layer computes in {dtype_label(config.dtype)}"
             )
         x = hidden_states.reshape(-1, h).contiguous()
+        if self.shared_runner is not None and x.shape[0] > self._shared_ids.shape[0]:
+            self.reserve(max(x.shape[0], 2 * self._shared_ids.shape[0]))  # never inside a graph capture
+        out = self.graphs.run(x, self._forward, self._graph_tensors, self._graph_keep)
+        return out.view(hidden_states.shape)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The flat forward ``[M, H] -> [M, H]``, eager or under capture (``self.graphs``)."""
         topk_ids, topk_weights = self.router(x)
         out = self.runner(x, topk_ids, topk_weights)
         if self.shared_runner is not None:
             m = x.shape[0]
-            if m > self._shared_ids.shape[0]:
-                self.reserve(max(m, 2 * self._shared_ids.shape[0]))
             if self.shared_gate is None:
                 shared_weights = self._shared_ones[:m]
             else:
@@ -175,7 +199,14 @@ class MoeLayer(torch.nn.Module):
             # in place into the routed output (ours); bound after the call, so that torch.compile resuming
             # after a graph break inside the runner does not hold a bound ``out.add_`` across it
             out = out.add_(shared_out)
-        return out.view(hidden_states.shape)
+        return out
+
+    def _graph_tensors(self):
+        return itertools.chain(self.parameters(), self.buffers())
+
+    def _graph_keep(self):
+        """What a graph captured now reads besides parameters, buffers and prepared weights."""
+        return (self._shared_ids, self._shared_ones)
 
     def _apply(self, fn, recurse=True):
         """``.to()``, ``.cuda()``, ``.half()``, ...: refused when they would change the device or dtype the

@@ -160,3 +160,34 @@ def test_cuda_graph_replay_with_invalid_expert_ids(scheme, activation, m):
     graph.replay()
     torch.cuda.synchronize()
     assert not out.any()
+
+
+@pytest.mark.parametrize("scheme,activation,bias,m", CASES)
+def test_moe_layer_graph_replay_equals_its_eager_forward(scheme, activation, bias, m):
+    """``MoeLayer`` replays forwards of few tokens from its own CUDA graphs (``moe_core.graphs``): bit for bit
+    what the same layer computes with graphs off, shared experts (on triton too) included."""
+    from moe_core import MoeLayer, SharedExperts
+    from moe_core.routing import softmax_topk
+
+    cfg = MoeConfig(16, 4, 512, 256, quant_scheme=scheme, activation=activation, has_bias=bias, dtype=torch.bfloat16)
+    weights = random_weights(cfg, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gate = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16, generator=gen) * 512**-0.5
+    shared = SharedExperts(
+        torch.randn(2 * 128, 512, device="cuda", dtype=torch.bfloat16, generator=gen) * 512**-0.5,
+        torch.randn(512, 128, device="cuda", dtype=torch.bfloat16, generator=gen) * 128**-0.5,
+        gate=torch.randn(1, 512, device="cuda", dtype=torch.bfloat16, generator=gen) * 512**-0.5,
+    )
+
+    def router(x):
+        return softmax_topk(x @ gate.T, 4)
+
+    graphed, eager = (
+        MoeLayer(cfg, weights, router, shared=shared, backend="triton", cuda_graph_max_tokens=n) for n in (256, 0)
+    )
+    assert graphed.shared_backend == "triton"
+    with torch.no_grad():
+        for seed in range(4):  # eager, capture + replay, replay, replay
+            x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+            assert torch.equal(graphed(x), eager(x)), seed
+    assert list(graphed.graphs.graphs) == [m] and graphed.graphs.disabled is None

@@ -76,7 +76,7 @@ class TritonFusedOp(FusedOp):
         super().__init__(problem)
         from moe_triton import launch  # imports triton and compiles nothing yet
 
-        self._fused_moe = launch.fused_moe
+        self._compiled_op, self._eager_op = launch.fused_moe, launch.fused_moe_flat
 
     def prepare(self, weights: MoeWeights):  # -> moe_triton.layout.TritonWeights
         """Contiguous copies; MXFP4 is re-laid out for the kernels once here (``moe_triton.layout``)."""
@@ -88,7 +88,7 @@ class TritonFusedOp(FusedOp):
         cfg = self.config
         if out is None:
             out = torch.empty(hidden_states.shape[0], cfg.hidden_size, dtype=cfg.dtype, device=hidden_states.device)
-        self._fused_moe(
+        (self._compiled_op if torch.compiler.is_compiling() else self._eager_op)(
             hidden_states, topk_ids, topk_weights, prepared.w13, prepared.w2, prepared.w13_scale,
             prepared.w2_scale, prepared.b13, prepared.b2, out, cfg.quant_scheme, cfg.activation,
             cfg.swiglu_alpha, cfg.swiglu_limit, cfg.apply_router_weight_on_input, prepared.w13_mult, prepared.w2_mult,

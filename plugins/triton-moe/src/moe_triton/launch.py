@@ -270,8 +270,7 @@ def run_fused_moe(
                                                     TOP_K=top_k, BLOCK_N=block, **pdl)  # fmt: skip
 
 
-@torch.library.custom_op("moe_triton::fused_moe", mutates_args=("out",))
-def fused_moe(
+def fused_moe_flat(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -291,7 +290,9 @@ def fused_moe(
     w2_mult: torch.Tensor | None = None,
 ) -> None:
     """Routed-expert output of a MoE layer into ``out`` (see ``run_fused_moe``): the flat schema,
-    unpacked into the launch bundles here, once."""
+    unpacked into the launch bundles here, once. Eager callers call this directly; ``fused_moe`` is the
+    same function as a custom op, for ``torch.compile`` (an eager call through the dispatcher only adds
+    host time)."""
     run_fused_moe(
         x,
         topk_ids,
@@ -302,6 +303,9 @@ def fused_moe(
         out,
         router_on_input=router_on_input,
     )
+
+
+fused_moe = torch.library.custom_op("moe_triton::fused_moe", fused_moe_flat, mutates_args=("out",))
 
 
 @fused_moe.register_fake

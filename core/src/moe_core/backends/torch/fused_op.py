@@ -35,6 +35,7 @@ class TorchFusedOp(FusedOp):
     supports_bias = True
     supports_router_weight_on_input = True
     handles_invalid_ids = True  # -1 pairs are left out; any other out-of-range id raises (it syncs anyway)
+    capturable = False  # the loop over active experts reads their counts on the host
 
     def prepare(self, weights: MoeWeights) -> MoeWeights:
         # The reference keeps canonical weights as they are; dequantization
