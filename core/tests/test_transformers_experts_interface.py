@@ -91,3 +91,18 @@ def test_the_name_eager_is_refused():
 
     with pytest.raises(InvalidInputError):
         register_experts_implementation("eager")
+
+
+def test_torch_compile_of_a_model_with_the_moe_implementation():
+    """dynamo traces transformers' block around our function: the runner is built (and cached) on the first
+    compiled call, then reused; logits equal eager's."""
+    torch._dynamo.reset()
+    eager, ours = build("qwen3_moe", "eager"), build("qwen3_moe", "moe")
+    compiled = torch.compile(ours, backend="aot_eager")
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(4))
+    for _ in range(2):
+        assert (run(compiled, ids) - run(eager, ids)).abs().max().item() < TOL
+    for experts in experts_modules(ours):
+        [(_, runner)] = getattr(experts, CACHE_ATTR).values()
+        assert runner.backend == "torch"
+    torch._dynamo.reset()

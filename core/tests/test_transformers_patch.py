@@ -487,3 +487,19 @@ def test_importing_the_integration_does_not_import_transformers():
 
 def test_report_is_a_dataclass_with_a_readable_empty_form():
     assert str(PatchReport()).startswith("replaced 0 MoE block(s), skipped 0")
+
+
+# --- the layers' own CUDA graphs (moe_core.graphs): the option reaches every layer ------------------------------
+
+
+def test_cuda_graph_option_reaches_every_layer():
+    model = build("qwen2_moe", num_hidden_layers=2)
+    default, _ = patched_copy(model, backend="torch")
+    off, _ = patched_copy(model, backend="torch", cuda_graph_max_tokens=0)
+    layers = lambda m: [x for x in m.modules() if isinstance(x, PatchedMoeBlock)]
+    assert len(layers(default)) == 2 and {x.graphs.max_tokens for x in layers(default)} == {256}
+    assert {x.graphs.max_tokens for x in layers(off)} == {0}
+    fresh = copy.deepcopy(model)
+    with pytest.raises(InvalidInputError, match="cuda_graph_max_tokens"):
+        patch_model(fresh, backend="torch", cuda_graph_max_tokens=-4)
+    assert not layers(fresh)  # refused before anything was replaced

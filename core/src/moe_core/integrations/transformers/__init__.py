@@ -5,7 +5,8 @@ Each converter takes an *instantiated* transformers MoE block and returns an
 or use the attributes):
 
 - ``config`` — a ``MoeConfig`` for the block's **routed** experts
-  (``quant_scheme`` follows ``dtype``: fp32 / bf16 / fp16);
+  (``quant_scheme`` follows ``dtype``: fp32 / bf16 / fp16 — except a gpt-oss block holding its MXFP4
+  checkpoint tensors, below: ``mxfp4``);
 - ``weights`` — canonical ``MoeWeights`` (``w13`` ``[E, 2I, H]`` rows
   ``[gate; up]``, ``w2`` ``[E, H, I]``, biases ``b13`` ``[E, 2I]``,
   ``b2`` ``[E, H]``), copies in ``dtype`` (float32 by default), contiguous, on
@@ -43,7 +44,10 @@ Supported blocks (the converters are in ``families``; ``from_hf_block`` picks by
 - ``Ernie4_5_MoeSparseMoeBlock`` -> ``from_ernie4_5_moe``; float32 softmax, ``moe_statics`` correction bias for
   the choice, weights over ``clamp(sum, min=norm_min)`` (``grouped_topk``, one group); shared ``shared_experts``.
 - ``GptOssMLP`` -> ``from_gpt_oss``; ``topk_softmax`` of the biased logits; ``swiglu_oai``,
-  expert biases; no shared.
+  expert biases; no shared. Loaded from its MXFP4 checkpoint without dequantizing (``Mxfp4GptOssMLP``, or a
+  ``GptOssMLP`` whose experts hold ``*_blocks`` / triton_kernels tensors) -> ``from_gpt_oss_mxfp4``
+  (``families.MXFP4_CHECKPOINT_BLOCKS``): the checkpoint's own bytes and scales, de-interleaved, scheme
+  ``mxfp4``.
 - ``DeepseekV3MoE``, ``DeepseekV32MoE``, ``BailingHybridMoE``, ``Glm4MoeMoE``, ``Glm4MoeLiteMoE``,
   ``Glm4vMoeTextMoE``, ``GlmMoeDsaMoE``, ``KimiLinearMoE``, ``Dots1MoE``, ``Dots3NoteTextMoE``,
   ``ExaoneMoeSparseMoEBlock``, ``SolarOpenMoE``, ``MiMoV2FlashMoE`` -> ``from_deepseek_v3``; ``grouped_topk``
@@ -71,8 +75,8 @@ GraniteMoeHybrid keep their shared MLP in the *decoder layer* (``layer.shared_ml
 shared_mlp=layer.shared_mlp)`` returns it. ``patch_model`` then folds it into the patched block and
 replaces ``layer.shared_mlp`` by a ``FoldedSharedMlp`` that adds nothing.
 
-Patching a model: ``patch_model(model, backend="auto", strict=True, quant_scheme=None,
-shared_backend=None)`` (``patch``) replaces every supported block of a model by a ``PatchedMoeBlock``
+Patching a model: ``patch_model(model, backend="auto", strict=True, quant_scheme=None, shared_backend=None,
+cuda_graph_max_tokens=256)`` (``patch``) replaces every supported block of a model by a ``PatchedMoeBlock``
 (a ``MoeLayer`` returning what the block returned) in place and returns a ``PatchReport``;
 ``register_experts_implementation(name="moe", backend="auto")`` (``experts_interface``) registers
 moe_core as a transformers ``experts_implementation``, so that ``from_pretrained(...,

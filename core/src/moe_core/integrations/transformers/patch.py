@@ -34,9 +34,22 @@ parent (attribute, ``ModuleList`` index or ``ModuleDict`` key), and the original
   supported block whose conversion fails (an activation that matches none of moe_core's) raises with
   ``strict=True`` (blocks already replaced stay replaced; the message names them) and is skipped otherwise.
   Backend errors (an explicit backend that cannot run the problem) are always raised.
-- **quant_scheme** (``"mxfp4"``, ``"fp8_block"``, ``"nvfp4"``): the routed experts' canonical weights are
-  quantized with ``moe_core.quant.quantize_weights`` and the config's ``quant_scheme`` set to it (the
-  activations stay in the block's dtype; the shared MLP stays unquantized, as ``MoeLayer`` does).
+- **quant_scheme** — where the routed experts' weights come from (``Replaced.weights``):
+
+  - ``None``: the block's float weights, copied (``"copied"``); the config's scheme follows their dtype.
+  - ``"mxfp4"``, ``"fp8_block"``, ``"nvfp4"``: those copies quantized with ``moe_core.quant.quantize_weights``
+    and the config's ``quant_scheme`` set to it (``"quantized"``; the activations stay in the block's dtype,
+    the shared MLP unquantized, as ``MoeLayer`` does).
+  - a gpt-oss block holding its **MXFP4 checkpoint** tensors (transformers' ``Mxfp4GptOssMLP`` /
+    ``Mxfp4GptOssExperts``: ``from_pretrained`` of an MXFP4 gpt-oss checkpoint with
+    ``Mxfp4Config(dequantize=False)``): the checkpoint's own bytes and scales are read as they are
+    (``families.from_gpt_oss_mxfp4``: de-interleaved, unswizzled from triton_kernels' layout, never
+    dequantized or re-encoded) and the config's scheme is ``"mxfp4"`` (``"checkpoint"``), with
+    ``quant_scheme=None`` or ``"mxfp4"``; any other ``quant_scheme`` raises ``InvalidInputError`` naming
+    those blocks before anything is replaced, whatever ``strict`` says (re-encoding MXFP4 codes in another
+    scheme would lose precision silently). The activation dtype is then the router's (the module keeps its
+    biases in float32 whatever the model's dtype); the return form comes from the class table when the
+    probe cannot run (no triton_kernels).
 
 What a patched model no longer does: record ``router_logits`` (``output_router_logits=True``, the
 auxiliary load-balancing loss: transformers records them on the router modules, which are gone), train the
@@ -56,21 +69,31 @@ from dataclasses import dataclass, field
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.integrations.transformers.families import SUPPORTED_BLOCKS, find_moe_blocks, from_hf_block
-from moe_core.layer import MoeLayer
+from moe_core.graphs import ForwardGraphs
+from moe_core.integrations.transformers.families import (
+    SUPPORTED_BLOCKS,
+    checkpoint_scheme,
+    converter_of,
+    find_moe_blocks,
+    from_hf_block,
+)
+from moe_core.layer import CUDA_GRAPH_MAX_TOKENS, MoeLayer
 from moe_core.schemes import SCHEMES
 
 __all__ = ["TUPLE_BLOCKS", "FoldedSharedMlp", "PatchReport", "PatchedMoeBlock", "Replaced", "Skipped", "patch_model"]
 
 #: class name -> length of the tuple the block returns, used only when the probe call cannot run
-TUPLE_BLOCKS: dict[str, int] = {"GptOssMLP": 2, "Llama4TextMoe": 2}
+TUPLE_BLOCKS: dict[str, int] = {"GptOssMLP": 2, "Mxfp4GptOssMLP": 2, "Llama4TextMoe": 2}
 #: blocks whose probe-less fallback output is flattened to [M, H]
 _FLAT_BLOCKS = frozenset({"Llama4TextMoe"})
 
 
 @dataclass(frozen=True)
 class Replaced:
-    """A block that was replaced: its qualified name, class, and the backends the new layer runs on."""
+    """A block that was replaced: its qualified name, class, the backends the new layer runs on, its scheme, and
+    where the routed experts' weights came from (``weights``): ``"copied"`` (the block's float weights),
+    ``"quantized"`` (those, quantized by ``moe_core.quant.quantize_weights``) or ``"checkpoint"`` (the
+    quantized checkpoint's own tensors, e.g. gpt-oss's MXFP4 bytes and scales, read as stored)."""
 
     name: str
     block_class: str
@@ -80,6 +103,7 @@ class Replaced:
     #: how the return form was found: "probe" (the block was called once) or "class table"
     returns: str = "tensor"
     detected_by: str = "probe"
+    weights: str = "copied"
 
 
 @dataclass(frozen=True)
@@ -109,10 +133,10 @@ class PatchReport:
         lines = [f"replaced {len(self.replaced)} MoE block(s), skipped {len(self.skipped)}"]
         if self.replaced:
             rows = [
-                (r.name, r.block_class, r.backend, r.shared_backend or "-", r.quant_scheme, r.returns)
+                (r.name, r.block_class, r.backend, r.shared_backend or "-", r.quant_scheme, r.weights, r.returns)
                 for r in self.replaced
             ]
-            lines += _table(("module", "class", "backend", "shared backend", "scheme", "returns"), rows)
+            lines += _table(("module", "class", "backend", "shared backend", "scheme", "weights", "returns"), rows)
         if self.skipped:
             lines += _table(
                 ("skipped module", "class", "reason"), [(s.name, s.block_class, s.reason) for s in self.skipped]
@@ -165,16 +189,25 @@ def patch_model(
     strict: bool = True,
     quant_scheme: str | None = None,
     shared_backend: str | type | None = None,
+    cuda_graph_max_tokens: int = CUDA_GRAPH_MAX_TOKENS,
 ) -> PatchReport:
     """Replace every MoE block of ``model`` that ``from_hf_block`` converts by a ``PatchedMoeBlock`` (a
     ``MoeLayer`` on ``backend``, its shared experts on ``shared_backend``), in place; return a
     ``PatchReport``. ``strict``: a module that looks like a MoE block without a converter, or a supported
     block that fails to convert, raises ``InvalidInputError`` (else it is skipped and reported).
-    ``quant_scheme``: quantize the routed experts (``"mxfp4"``, ``"fp8_block"``, ``"nvfp4"``). Put the
-    model in ``eval()`` first (router jitter and sampling are training-only and not reproduced). See the
-    module docstring for return forms, layer-level shared MLPs and memory."""
+    ``quant_scheme``: quantize the routed experts (``"mxfp4"``, ``"fp8_block"``, ``"nvfp4"``); gpt-oss blocks
+    holding their MXFP4 checkpoint tensors use those as they are (``None`` or ``"mxfp4"``; another scheme
+    raises ``InvalidInputError``). Put the model in ``eval()`` first (router jitter and sampling are
+    training-only and not reproduced). ``cuda_graph_max_tokens``: each layer's ``MoeLayer`` option — on CUDA,
+    forwards of at most that many tokens replay CUDA graphs of the layer's own (``moe_core.graphs``; 0: every
+    forward eager). See the module docstring for return forms, layer-level shared MLPs, memory and where the
+    weights come from."""
     if not isinstance(model, torch.nn.Module):
         raise InvalidInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    try:
+        ForwardGraphs(cuda_graph_max_tokens, "patch_model")
+    except ValueError as exc:
+        raise InvalidInputError(f"cuda_graph_max_tokens: {exc}") from None
     if quant_scheme is not None and (quant_scheme not in SCHEMES or not SCHEMES[quant_scheme].quantized):
         quantized = [name for name, spec in SCHEMES.items() if spec.quantized]
         raise InvalidInputError(f"quant_scheme must be one of {', '.join(quantized)} or None, got {quant_scheme!r}")
@@ -188,11 +221,14 @@ def patch_model(
             f"{listed}\nsupported transformers MoE blocks: {', '.join(SUPPORTED_BLOCKS)}. Pass strict=False to "
             "leave them as they are."
         )
+    _check_checkpoint_schemes(model, names, quant_scheme)
     for name, cls in unsupported:
         report.skipped.append(Skipped(name, cls, "no converter (an `experts` submodule, class not supported)"))
     for name in names:
         try:
-            report.replaced.append(_patch_one(model, name, backend, shared_backend, quant_scheme))
+            report.replaced.append(
+                _patch_one(model, name, backend, shared_backend, quant_scheme, cuda_graph_max_tokens)
+            )
         except InvalidInputError as exc:
             if strict:
                 done = ", ".join(r.name for r in report.replaced) or "none"
@@ -202,6 +238,27 @@ def patch_model(
                 ) from exc
             report.skipped.append(Skipped(name, type(model.get_submodule(name)).__name__, f"conversion failed: {exc}"))
     return report
+
+
+def _check_checkpoint_schemes(model: torch.nn.Module, names: list[str], quant_scheme: str | None) -> None:
+    """Raise, before anything is replaced, when ``quant_scheme`` asks for another scheme than the one blocks
+    holding a quantized checkpoint's tensors are in (gpt-oss MXFP4)."""
+    if quant_scheme is None:
+        return
+    held = []
+    for name in names:
+        block = model.get_submodule(name)
+        scheme = checkpoint_scheme(block)
+        if scheme is not None and scheme != quant_scheme:
+            held.append(f"  - {name} ({type(block).__name__}: its experts hold {scheme} checkpoint tensors)")
+    if held:
+        listed = "\n".join(held)
+        raise InvalidInputError(
+            f"quant_scheme={quant_scheme!r} cannot be applied to {len(held)} block(s):\n{listed}\nthese weights are "
+            "used as the checkpoint stores them; converting them to another scheme would dequantize and re-encode "
+            "them, losing precision. Pass quant_scheme=None (or the checkpoint's scheme), or load the model "
+            "dequantized (transformers: Mxfp4Config(dequantize=True)) to quantize it yourself."
+        )
 
 
 def _unsupported_blocks(model: torch.nn.Module, supported: list[str]) -> list[tuple[str, str]]:
@@ -240,13 +297,19 @@ def _set_child(parent: torch.nn.Module, attr: str, module: torch.nn.Module) -> N
 
 
 def _block_dtype(block: torch.nn.Module) -> torch.dtype:
-    """The routed experts' parameter dtype (else the block's first floating parameter's)."""
+    """The routed experts' parameter dtype (else the block's first floating parameter's). Experts holding MXFP4
+    checkpoint tensors have only their biases as floating parameters, float32 whatever the model's dtype: the
+    block's other parameters (the router's) give the dtype then."""
     experts = getattr(block, "experts", None)
-    for source in (experts, block):
-        if isinstance(source, torch.nn.Module):
-            for p in source.parameters():
-                if p.is_floating_point():
-                    return p.dtype
+    if checkpoint_scheme(block) is not None:
+        params = [p for n, p in block.named_parameters() if not n.startswith("experts.")]
+        sources = [params, experts.parameters()]
+    else:
+        sources = [m.parameters() for m in (experts, block) if isinstance(m, torch.nn.Module)]
+    for source in sources:
+        for p in source:
+            if p.is_floating_point():
+                return p.dtype
     raise InvalidInputError(f"{type(block).__name__} has no floating-point parameters to read a dtype from")
 
 
@@ -281,13 +344,13 @@ def _fold_shared_mlp(converter, parent: torch.nn.Module) -> dict:
 
 
 def _converter(block):
-    for cls in type(block).__mro__:
-        if cls.__name__ in SUPPORTED_BLOCKS:
-            return SUPPORTED_BLOCKS[cls.__name__]
-    raise InvalidInputError(f"no converter for {type(block).__name__}")
+    converter = converter_of(block)
+    if converter is None:
+        raise InvalidInputError(f"no converter for {type(block).__name__}")
+    return converter
 
 
-def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | None) -> Replaced:
+def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | None, graph_tokens: int) -> Replaced:
     parent, attr = _parent_of(model, name)
     block = model.get_submodule(name)
     block_class = type(block).__name__
@@ -296,11 +359,16 @@ def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | No
     moe = from_hf_block(block, dtype=dtype, **extra)
     config, weights = moe.config, moe.weights
     tuple_len, flat, how = _return_form(block, config.hidden_size, dtype, weights.w13.device)
-    if quant_scheme is not None:
+    if config.scheme.quantized:  # the checkpoint's own quantized tensors (quant_scheme checked to match)
+        source = "checkpoint"
+    elif quant_scheme is not None:
         from moe_core.quant import quantize_weights
 
         weights = quantize_weights(weights, quant_scheme)
         config = dataclasses.replace(config, quant_scheme=quant_scheme)
+        source = "quantized"
+    else:
+        source = "copied"
     layer = PatchedMoeBlock(
         config,
         weights,
@@ -311,6 +379,7 @@ def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | No
         source_class=block_class,
         tuple_len=tuple_len,
         flat=flat,
+        cuda_graph_max_tokens=graph_tokens,
     )
     del moe, weights, block  # the layer holds the backend's prepared weights only
     _set_child(parent, attr, layer)
@@ -320,5 +389,12 @@ def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | No
     if flat:
         returns += " (flat [M, H])"
     return Replaced(
-        name, block_class, layer.backend, layer.shared_backend, config.quant_scheme, returns=returns, detected_by=how
+        name,
+        block_class,
+        layer.backend,
+        layer.shared_backend,
+        config.quant_scheme,
+        returns=returns,
+        detected_by=how,
+        weights=source,
     )
