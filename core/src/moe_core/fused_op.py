@@ -25,10 +25,15 @@ from moe_core.weights import MoeWeights
 
 @dataclass(frozen=True)
 class Support:
-    """The answer of a support check: ``ok``, or not with a ``reason``."""
+    """The answer of a support check: ``ok``, or not with a ``reason``.
+
+    ``automatic`` is False for "supported, but do not pick me automatically" (``explicit_only``): an explicit
+    ``backend=`` request binds it, ``backend="auto"`` passes over it and says why (``reason``) — for a
+    backend whose first use would start a long build, say."""
 
     ok: bool
     reason: str = ""
+    automatic: bool = True
 
     @classmethod
     def yes(cls) -> Support:
@@ -37,6 +42,11 @@ class Support:
     @classmethod
     def no(cls, reason: str) -> Support:
         return cls(False, reason)
+
+    @classmethod
+    def explicit_only(cls, reason: str) -> Support:
+        """Runs the problem when asked for by name; ``auto`` does not choose it, for ``reason``."""
+        return cls(True, reason, automatic=False)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -59,7 +69,8 @@ class FusedOp:
     name: ClassVar[str]
     #: a2a backends this op serves ("none" = pure tensor parallel)
     a2a_backends: ClassVar[tuple[str, ...]] = ("none",)
-    #: larger wins in ``backend="auto"``; the torch reference uses 0
+    #: larger wins in ``backend="auto"`` where nothing was measured (``moe select``); the torch reference uses 0.
+    #: ``priority_for`` may make it depend on the problem and device
     priority: ClassVar[int] = 0
     quant_schemes: ClassVar[frozenset[str]] = frozenset()
     activations: ClassVar[frozenset[str]] = frozenset({"silu"})
@@ -84,6 +95,12 @@ class FusedOp:
     capturable: ClassVar[bool] = True
 
     # ---- support ------------------------------------------------------------
+    @classmethod
+    def priority_for(cls, problem: MoeProblem) -> float:
+        """This op's ``auto`` priority for ``problem`` (a supported one); default ``priority``. Override to rank
+        differently by problem or device (a kernel that is only good at some shapes, or on some GPUs)."""
+        return cls.priority
+
     @classmethod
     def check(cls, problem: MoeProblem) -> Support:
         """Whether this op can run ``problem`` here; the first failing fact otherwise."""

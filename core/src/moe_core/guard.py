@@ -58,9 +58,13 @@ def support(owner, step: str, fn: Callable[..., Any], *args):
     return answer
 
 
-def priority(owner, op: type) -> float:
-    """``op.priority``, read through the door and required to be a real number (not a bool)."""
-    value = call(owner, "priority", getattr, op, "priority")
+def priority(owner, op: type, problem=None) -> float:
+    """``op.priority`` (``op.priority_for(problem)`` for a problem), read through the door and required to be
+    a real number (not a bool)."""
+    if problem is None:
+        value = call(owner, "priority", getattr, op, "priority")
+    else:
+        value = call(owner, "priority", op.priority_for, problem)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise failure(owner, "priority", f"of {op.__name__} is {value!r}, not a number")
     return value

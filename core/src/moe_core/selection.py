@@ -1,12 +1,17 @@
 """Step 3 of 3: choose the fused op for a problem.
 
 ``backend="auto"`` loads every enabled plugin and ranks the ops whose support
-check passes by declared priority (ties broken by name, so the choice is
-deterministic); a plugin that fails to load or whose check raises is passed
-over with one ``PluginWarning`` (an error under ``MOE_STRICT_PLUGINS``), and so
-is a backend name two distributions provide. An explicit backend either works or
-raises an error that lists, for every installed backend, why it was not usable.
-Nothing here runs per forward: the runner calls ``select`` once.
+check passes and that may be chosen automatically (``Support.explicit_only`` says
+not): first those the measured selection table has times for, fastest first under
+its rule (``moe_core.selection_table``), then the rest by priority for the problem
+(``FusedOp.priority_for``), ties broken by name, so the choice is deterministic. A
+plugin that fails to load or whose check raises is passed over with one
+``PluginWarning`` (an error under ``MOE_STRICT_PLUGINS``), and so is a backend name
+two distributions provide. Every selection says why (``Selection.why``) and what
+was considered (``Selection.candidates``: ``moe backends --explain``). An explicit
+backend either works or raises an error that lists, for every installed backend,
+why it was not usable. Nothing here runs per forward: the runner calls ``select``
+once.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from moe_core import guard
+from moe_core import guard, selection_table
 from moe_core.config import MoeProblem
 from moe_core.discovery import PluginEntry
 from moe_core.dtypes import dtype_label
@@ -23,6 +28,7 @@ from moe_core.errors import (
     BackendNotInstalledError,
     BackendUnavailableError,
     DuplicateBackendError,
+    InvalidInputError,
     PluginError,
     PluginLoadError,
     PluginWarning,
@@ -33,11 +39,35 @@ from moe_core.plugins import PluginRegistry, default_registry
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One installed backend as selection saw it for a problem: usable or why not, whether ``auto`` may pick
+    it, its priority for the problem, its measured times and score where the table has them, and its place
+    in ``auto``'s order (0: what ``auto`` binds; None: not an ``auto`` candidate)."""
+
+    name: str
+    usable: bool
+    automatic: bool
+    reason: str
+    priority: float | None = None
+    times_us: dict[int, float] | None = None
+    score: float | None = None
+    rank: int | None = None
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["times_us"] = None if self.times_us is None else {str(m): t for m, t in self.times_us.items()}
+        return d
+
+
+@dataclass(frozen=True)
 class Selection:
-    """The fused op chosen for a problem and the entry point it came from."""
+    """The fused op chosen for a problem, the entry point it came from, why it was chosen, and every
+    installed backend as selection saw it (``candidates``; empty for an explicit request)."""
 
     op: type
     entry: PluginEntry
+    why: str = ""
+    candidates: tuple[Candidate, ...] = ()
 
     @property
     def name(self) -> str:
@@ -75,35 +105,85 @@ def _op_for(result, problem: MoeProblem) -> type | None:
     return next((op for op in result.fused_ops if problem.config.a2a_backend in op.a2a_backends), None)
 
 
-def explain(problem: MoeProblem, registry: PluginRegistry | None = None) -> list[tuple[str, str | None]]:
-    """For every installed backend: (qualified name, None if usable else the reason)."""
-    registry = registry or default_registry()
+@dataclass
+class _Seen:
+    """An installed backend after the support check: the op and its answer, or why it is out."""
+
+    entry: PluginEntry
+    op: type | None = None
+    answer: object | None = None  # a Support
+    reason: str = ""
+    priority: float | None = None
+
+
+def _survey(problem: MoeProblem, registry: PluginRegistry, *, warn: bool) -> list[_Seen]:
+    """Every installed backend for ``problem``. ``warn``: the way ``auto`` treats a faulty plugin (a warning
+    each, an error under ``MOE_STRICT_PLUGINS``); else silently, as a reason on its row."""
     filters = registry.filters()
+    dupes = registry.duplicates(filters)
     out = []
     for e in registry.entries():
         disabled = filters.disabled_reason(e.name, e.distribution)
         if disabled:
-            out.append((e.qualified_name, disabled))
+            out.append(_Seen(e, reason=disabled))
             continue
-        result = registry.load(e, strict=False)
+        if e.name in dupes:
+            error = _duplicate_error(e.name, dupes[e.name])
+            if warn:
+                if filters.strict:
+                    raise error
+                if e == dupes[e.name][0]:  # one warning for the pair, naming both
+                    skip(e, str(error), strict=False)
+            out.append(_Seen(e, reason=str(error)))
+            continue
+        result = registry.load(e, strict=filters.strict if warn else False)
         if not result.ok:
-            out.append((e.qualified_name, f"failed to load: {result.reason}"))
+            if warn:
+                skip(e, result.reason, filters.strict, result.error)
+            out.append(_Seen(e, reason=f"failed to load: {result.reason}"))
             continue
         op = _op_for(result, problem)
         if op is None:
-            out.append((e.qualified_name, f"serves a2a backends {_served(result)}, not {problem.config.a2a_backend!r}"))
+            out.append(_Seen(e, reason=f"serves a2a backends {_served(result)}, not {problem.config.a2a_backend!r}"))
             continue
         try:
             answer = guard.support(e, "check", op.check, problem)
+            priority = guard.priority(e, op, problem) if answer else None
         except PluginError as exc:
-            out.append((e.qualified_name, f"error: {exc}"))
+            if warn:
+                skip(e, str(exc), filters.strict, exc)
+            out.append(_Seen(e, op, reason=f"error: {exc}"))
             continue
-        out.append((e.qualified_name, None if answer else answer.reason))
+        out.append(_Seen(e, op, answer, answer.reason, priority))
     return out
 
 
+def explain(problem: MoeProblem, registry: PluginRegistry | None = None) -> list[tuple[str, str | None]]:
+    """For every installed backend: (qualified name, None if usable else the reason). A backend that runs the
+    problem only when named (``Support.explicit_only``) is usable."""
+    seen = _survey(problem, registry or default_registry(), warn=False)
+    return [(s.entry.qualified_name, None if s.answer else s.reason) for s in seen]
+
+
+def explain_auto(
+    problem: MoeProblem, registry: PluginRegistry | None = None
+) -> tuple[tuple[Candidate, ...], list[Selection]]:
+    """(every installed backend as ``auto`` sees it for ``problem``, ``auto``'s order best first — ``[]`` when
+    it can choose none — each with its ``why``); nothing is warned about (``moe backends --explain``).
+    ``InvalidInputError`` for an unknown ``MOE_SELECTION_RULE``."""
+    return _auto_order(problem, registry or default_registry(), warn=False)
+
+
 def _explanation(problem: MoeProblem, registry: PluginRegistry) -> str:
-    lines = [f"  - {name}: {'usable' if reason is None else reason}" for name, reason in explain(problem, registry)]
+    lines = []
+    for s in _survey(problem, registry, warn=False):
+        if not s.answer:
+            state = s.reason
+        elif not s.answer.automatic:
+            state = f"usable when named; auto passes over it: {s.answer.reason}"
+        else:
+            state = "usable"
+        lines.append(f"  - {s.entry.qualified_name}: {state}")
     return "\n".join(lines) if lines else "  (no backend is installed)"
 
 
@@ -152,7 +232,7 @@ def _select_class(problem: MoeProblem, op: type) -> Selection:
         raise BackendUnavailableError(
             f"{op.__qualname__} cannot run this problem ({_describe(problem)}): {answer.reason}"
         )
-    return Selection(op, entry)
+    return Selection(op, entry, why=f"passed as a class ({op.__qualname__})")
 
 
 def resolve_backend(backend: str, registry: PluginRegistry | None = None):
@@ -213,7 +293,7 @@ def _select_explicit(problem: MoeProblem, backend: str, registry: PluginRegistry
             f"runner backend {name!r} cannot run this problem ({_describe(problem)}): {answer.reason}\n"
             f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
         )
-    return Selection(op, result.entry)
+    return Selection(op, result.entry, why=f"asked for by name ({backend!r})")
 
 
 def skip(entry: PluginEntry, cause: str, strict: bool, error: BaseException | None = None) -> None:
@@ -225,34 +305,74 @@ def skip(entry: PluginEntry, cause: str, strict: bool, error: BaseException | No
 
 
 def _auto_candidates(problem: MoeProblem, registry: PluginRegistry) -> list[Selection]:
-    filters = registry.filters()
-    dupes = registry.duplicates(filters)
-    found: list[tuple[float, str, Selection]] = []
-    for entry in registry.enabled_entries(filters):
-        if entry.name in dupes:
-            if filters.strict:
-                raise _duplicate_error(entry.name, dupes[entry.name])
-            if entry == dupes[entry.name][0]:  # one warning for the pair, naming both
-                skip(entry, str(_duplicate_error(entry.name, dupes[entry.name])), strict=False)
-            continue
-        result = registry.load(entry, strict=filters.strict)
-        if not result.ok:
-            skip(entry, result.reason, filters.strict, result.error)
-            continue
-        op = _op_for(result, problem)
-        if op is None:
-            continue
-        try:
-            answer = guard.support(entry, "check", op.check, problem)
-        except PluginError as exc:
-            skip(entry, str(exc), filters.strict, exc)
-            continue
-        if answer:
-            found.append((-op.priority, entry.name, Selection(op, entry)))
-    if not found:
+    _, ordered = _auto_order(problem, registry, warn=True)
+    if not ordered:
         raise BackendUnavailableError(
-            f"no installed backend can run this problem ({_describe(problem)}).\n"
+            f"no installed backend can run this problem ({_describe(problem)}) when chosen automatically.\n"
             f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
         )
-    # highest priority first, then alphabetical name for a stable choice
-    return [sel for *_, sel in sorted(found, key=lambda f: f[:2])]
+    return ordered
+
+
+def _auto_order(
+    problem: MoeProblem, registry: PluginRegistry, *, warn: bool
+) -> tuple[tuple[Candidate, ...], list[Selection]]:
+    seen = _survey(problem, registry, warn=warn)
+    pool = {s.entry.name: s for s in seen if s.answer and s.answer.automatic}
+    priorities = {name: s.priority for name, s in pool.items()}
+    try:
+        ranking = selection_table.rank(
+            problem, {name: (s.entry.distribution, s.entry.version) for name, s in pool.items()}, priorities
+        )
+    except ValueError as exc:  # an unknown MOE_SELECTION_RULE: a configuration error, not a plugin's
+        raise InvalidInputError(str(exc)) from None
+    unmeasured = sorted((n for n in pool if n not in ranking.order), key=lambda n: (-priorities[n], n))
+    order = ranking.order + unmeasured
+    rank = {name: i for i, name in enumerate(order)}
+    candidates = tuple(_candidate(s, ranking, rank.get(s.entry.name)) for s in seen)
+    return candidates, [
+        Selection(pool[n].op, pool[n].entry, _why(n, i, ranking, priorities, order), candidates)
+        for i, n in enumerate(order)
+    ]
+
+
+def _candidate(s: _Seen, ranking, rank: int | None) -> Candidate:
+    name = s.entry.name
+    if not s.answer:
+        reason = s.reason
+    elif not s.answer.automatic:
+        reason = f"usable when named; auto passes over it: {s.answer.reason}"
+    else:
+        reason = ranking.notes.get(name, "") or s.answer.reason
+    return Candidate(
+        name=s.entry.qualified_name,
+        usable=bool(s.answer),
+        automatic=bool(s.answer) and s.answer.automatic,
+        reason=reason,
+        priority=s.priority,
+        times_us=ranking.times.get(name),
+        score=ranking.scores.get(name),
+        rank=rank,
+    )
+
+
+def _why(name: str, i: int, ranking, priorities: dict[str, float], order: list[str]) -> str:
+    """Why ``name`` sits at place ``i`` of ``auto``'s order."""
+    if name in ranking.scores:
+        others = [n for n in ranking.order if n != name]
+        versus = f"; next {others[0]} {ranking.scores[others[0]]:.2f}" if others and i == 0 else ""
+        tie = ""
+        if i == 0 and others and ranking.scores[others[0]] <= ranking.scores[name] * (1 + selection_table.TIE):
+            tie = f" (within {selection_table.TIE:.0%} of {others[0]}: priority {priorities[name]:g} decides)"
+        measured = (
+            f"measured {'fastest' if i == 0 else f'#{i + 1}'} for this problem on this device: score "
+            f"{ranking.scores[name]:.2f}{versus}{tie} (rule {ranking.rule!r}, {ranking.mode} weights, tokens "
+            f"{','.join(map(str, ranking.counts))}; 1.00 = the fastest at every count)"
+        )
+        return measured
+    where = "no backend was measured" if not ranking.scores else "not measured"
+    return (
+        f"priority {priorities[name]:g} ({where} for this problem on this device: `moe select record`)"
+        if i == 0 or not ranking.scores
+        else f"not measured, priority {priorities[name]:g}: after every measured backend"
+    )

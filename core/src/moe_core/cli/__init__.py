@@ -15,7 +15,7 @@ import sys
 
 #: subcommands, in the order ``moe --help`` lists them; each lives in the module
 #: of the same name with '-' written '_' (``new-plugin`` -> ``moe_core.cli.new_plugin``)
-COMMANDS = ("backends", "run", "check", "bench", "tune", "warmup", "new-plugin")
+COMMANDS = ("backends", "run", "check", "bench", "select", "tune", "warmup", "new-plugin")
 
 
 def build_parser() -> argparse.ArgumentParser:

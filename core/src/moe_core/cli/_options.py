@@ -2,7 +2,9 @@
 
 ``--tokens`` is always a comma-separated list of token counts (``moe run``
 takes a list of one); ``--device`` always defaults to CUDA when it is
-available, else the CPU; ``--dtype`` offers the short float names. Parsing
+available, else the CPU; ``--dtype`` offers the short float names; the
+problem's shape (``--preset`` and the sizes that override it) is the same in
+``moe run``, ``moe select record`` and ``moe backends --explain``. Parsing
 happens at the command line (argparse ``type=``), so a bad value is a usage
 error naming the option; torch is imported only when a device is resolved.
 """
@@ -45,4 +47,47 @@ def resolve_device(args):
 def add_dtype(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bf16", help="activation dtype (default bf16)"
+    )
+
+
+def add_problem(parser: argparse.ArgumentParser, default_preset: str | None = "tiny") -> None:
+    """A layer shape: ``--preset`` and the sizes, activation, bias, dtype and scheme that override it."""
+    from moe_core.presets import PRESETS
+
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), default=default_preset, help=f"layer shape (default: {default_preset})"
+    )
+    parser.add_argument("--experts", type=int, help="number of experts E (overrides the preset)")
+    parser.add_argument("--top-k", type=int, help="experts per token k")
+    parser.add_argument("--hidden", type=int, help="hidden size H")
+    parser.add_argument("--intermediate", type=int, help="expert intermediate size I")
+    parser.add_argument("--activation", choices=("silu", "gelu", "swiglu_oai"), help="gated activation")
+    parser.add_argument(
+        "--bias",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="expert biases b13/b2 (default: the preset's)",
+    )
+    add_dtype(parser)
+    parser.add_argument(
+        "--scheme", help="weight quant scheme of moe_core.schemes (default: same as --dtype; a wrong name lists them)"
+    )
+
+
+def problem_config(args):
+    """The ``MoeConfig`` of ``add_problem``'s options."""
+    from moe_core.config import MoeConfig
+    from moe_core.dtypes import float_dtype
+    from moe_core.presets import PRESETS
+
+    preset = PRESETS[args.preset]
+    return MoeConfig(
+        num_experts=args.experts or preset.num_experts,
+        top_k=args.top_k or preset.top_k,
+        hidden_size=args.hidden or preset.hidden_size,
+        intermediate_size=args.intermediate or preset.intermediate_size,
+        quant_scheme=args.scheme or args.dtype,
+        activation=args.activation or preset.activation,
+        has_bias=preset.has_bias if args.bias is None else args.bias,
+        dtype=float_dtype(args.dtype),
     )

@@ -6,6 +6,7 @@ import json
 import sys
 
 from moe_core.cli._console import stdout_console
+from moe_core.cli._options import add_device, add_problem, problem_config, resolve_device
 
 
 def register(sub) -> None:
@@ -21,12 +22,25 @@ def register(sub) -> None:
         ),
     )
     p.add_argument("--check", action="store_true", help="load each plugin and check it can run here")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help=(
+            "for one problem (the shape options below, as in moe run): every backend, whether it can run it and "
+            "why not, its priority, its measured times (moe select), and which one backend='auto' binds and why"
+        ),
+    )
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     p.add_argument("--traceback", action="store_true", help="with --check, print load tracebacks")
+    shape = p.add_argument_group("the problem of --explain")
+    add_problem(shape)
+    add_device(shape)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    if args.explain:
+        return explain(args)
     from moe_core.filters import PluginFilters
     from moe_core.plugins import default_registry
 
@@ -73,3 +87,63 @@ def _print_table(rows, checked: bool) -> None:
         console.print("no moe runner backends are installed (not even moe-core's torch backend?)")
         return
     console.print(table)
+
+
+def explain(args) -> int:
+    from moe_core.config import MoeProblem
+    from moe_core.selection import explain_auto
+    from moe_core.selection_table import rule_name, table_path
+
+    config = problem_config(args)
+    device = resolve_device(args)
+    candidates, order = explain_auto(MoeProblem(config, device))
+    chosen = order[0] if order else None
+    document = {
+        "device": str(device),
+        "problem": {
+            "experts": config.num_experts,
+            "top_k": config.top_k,
+            "hidden": config.hidden_size,
+            "intermediate": config.intermediate_size,
+            "scheme": config.quant_scheme,
+            "activation": config.activation,
+            "dtype": args.dtype,
+            "bias": config.has_bias,
+        },
+        "selection_table": str(table_path()),
+        "rule": rule_name(),
+        "backends": [c.as_dict() for c in candidates],
+        "auto": {"backend": chosen.name, "distribution": chosen.entry.distribution, "why": chosen.why}
+        if chosen
+        else None,
+    }
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    from rich.table import Table
+
+    counts = sorted({m for c in candidates for m in (c.times_us or {})})
+    table = Table(title=f"backends for {config.quant_scheme} E={config.num_experts} k={config.top_k} "
+                  f"H={config.hidden_size} I={config.intermediate_size} on {device}")  # fmt: skip
+    for col in ("auto rank", "backend", "usable", "priority", *(f"µs M={m}" for m in counts), "score", "reason"):
+        table.add_column(col, overflow="fold")
+    ranked = sorted(candidates, key=lambda c: (c.rank is None, c.rank if c.rank is not None else 0, c.name))
+    for c in ranked:
+        times = [f"{c.times_us[m]:.1f}" if c.times_us and m in c.times_us else "-" for m in counts]
+        usable = "yes" if c.automatic else "when named" if c.usable else "[yellow]no[/]"
+        table.add_row(
+            "-" if c.rank is None else str(c.rank),
+            c.name,
+            usable,
+            "-" if c.priority is None else f"{c.priority:g}",
+            *times,
+            "-" if c.score is None else f"{c.score:.2f}",
+            c.reason,
+        )
+    console = stdout_console()
+    console.print(table)
+    if chosen:
+        console.print(f"backend='auto' binds [bold]{chosen.name}[/] ({chosen.entry.distribution}): {chosen.why}")
+    else:
+        console.print("[yellow]backend='auto' can bind no backend for this problem here[/]")
+    return 0

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 from moe_core.cli._console import stdout_console
-from moe_core.cli._options import add_device, add_dtype, add_tokens, resolve_device
-from moe_core.dtypes import float_dtype
-from moe_core.presets import PRESETS
+from moe_core.cli._options import add_device, add_problem, add_tokens, problem_config, resolve_device
 
 
 def register(sub) -> None:
@@ -20,23 +18,8 @@ def register(sub) -> None:
             "and the median time. --verify also compares with an independent float64 reference."
         ),
     )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="layer shape (default: tiny)")
-    p.add_argument("--experts", type=int, help="number of experts E (overrides the preset)")
-    p.add_argument("--top-k", type=int, help="experts per token k")
-    p.add_argument("--hidden", type=int, help="hidden size H")
-    p.add_argument("--intermediate", type=int, help="expert intermediate size I")
-    p.add_argument("--activation", choices=("silu", "gelu", "swiglu_oai"), help="gated activation")
-    p.add_argument(
-        "--bias",
-        action=__import__("argparse").BooleanOptionalAction,
-        default=None,
-        help="expert biases b13/b2 (default: the preset's)",
-    )
+    add_problem(p)
     add_tokens(p, "16", "tokens in the batch M, one count (default 16)")
-    add_dtype(p)
-    p.add_argument(
-        "--scheme", help="weight quant scheme of moe_core.schemes (default: same as --dtype; a wrong name lists them)"
-    )
     p.add_argument("--backend", default="auto", help="runner backend name, or 'auto' (default)")
     add_device(p)
     p.add_argument("--repeat", type=int, default=5, help="timed repetitions; the median is reported")
@@ -44,24 +27,6 @@ def register(sub) -> None:
     p.add_argument("--verify", action="store_true", help="compare with the float64 reference")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
-
-
-def build_config(args):
-
-    from moe_core.config import MoeConfig
-
-    preset = PRESETS[args.preset]
-    dtype = float_dtype(args.dtype)
-    return MoeConfig(
-        num_experts=args.experts or preset.num_experts,
-        top_k=args.top_k or preset.top_k,
-        hidden_size=args.hidden or preset.hidden_size,
-        intermediate_size=args.intermediate or preset.intermediate_size,
-        quant_scheme=args.scheme or args.dtype,
-        activation=args.activation or preset.activation,
-        has_bias=preset.has_bias if args.bias is None else args.bias,
-        dtype=dtype,
-    )
 
 
 def run(args) -> int:
@@ -75,7 +40,7 @@ def run(args) -> int:
         raise InvalidInputError("moe run takes one token count (--tokens 16) and --repeat >= 1")
     (tokens,) = args.tokens
     device = resolve_device(args)
-    config = build_config(args)
+    config = problem_config(args)
     weights = random_weights(config, device, seed=args.seed)
     runner = MoeRunner(config, weights, backend=args.backend)
     x, ids, tw = random_inputs(config, tokens, device, seed=args.seed + 1)
@@ -85,6 +50,7 @@ def run(args) -> int:
     report = {
         "backend": runner.backend,
         "distribution": runner.distribution,
+        "selected_because": runner.selection.why,
         "device": str(device),
         "experts": config.num_experts,
         "top_k": config.top_k,
