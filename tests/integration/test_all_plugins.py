@@ -66,10 +66,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch):
+def _clean_environment(monkeypatch, tmp_path):
     for var in (ALLOW_VAR, BLOCK_VAR, STRICT_VAR):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr("moe_core.plugins._default", None)
+    monkeypatch.setenv("MOE_SELECTION_DIR", str(tmp_path / "selection"))  # no measured table of this machine's user
 
 
 def _moe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -259,3 +260,26 @@ def test_every_plugin_declares_the_literal_api_version_it_was_written_for(monkey
     for entry in plugins:
         result = registry.load(entry, strict=False)
         assert result.status == "incompatible" and "API version 1" in result.reason, (entry, result.reason)
+
+
+SILU_BF16_SHAPE = ("--dtype", "bf16", "--experts", "8", "--top-k", "2", "--hidden", "256", "--intermediate", "128")
+
+
+def test_measured_selection_between_torch_and_the_example(tmp_path):
+    """``moe select record`` really times torch and torch_grouped here; auto then binds the one the record
+    ranks first, whatever the priorities say, and ``moe run`` / ``moe backends --explain`` agree."""
+    env = {"MOE_SELECTION_DIR": str(tmp_path / "table"), "MOE_PLUGINS": "moe-core,moe-torch-grouped"}
+    proc = _moe("select", "record", *SILU_BF16_SHAPE, "--device", "cpu", "--tokens", "1,16", "--repeat", "5",
+                "--json", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recorded = json.loads(proc.stdout)
+    hot = {m["backend"]: m["hot_us"] for m in recorded["measurements"]}
+    assert set(hot) == {"torch", "torch_grouped"} and all(t > 0 for ts in hot.values() for t in ts.values())
+    explained = json.loads(_moe("backends", "--explain", *SILU_BF16_SHAPE, "--device", "cpu", "--json", env=env).stdout)
+    scores = {b["name"].partition(":")[2]: b["score"] for b in explained["backends"] if b["score"] is not None}
+    assert set(scores) == {"torch", "torch_grouped"}
+    best = min(scores, key=lambda n: (scores[n], n))
+    if abs(scores["torch"] - scores["torch_grouped"]) > 0.01 * min(scores.values()):  # else priority breaks a tie
+        assert explained["auto"]["backend"] == best and "measured fastest" in explained["auto"]["why"]
+    ran = json.loads(_moe("run", *SILU_BF16_SHAPE, "--device", "cpu", "--json", env=env).stdout)
+    assert ran["backend"] == explained["auto"]["backend"] and "measured" in ran["selected_because"]
