@@ -1,5 +1,6 @@
 """Test sessions: core alone, each plugin with core, all plugins together, the
-example plugin's wheel, the ``moe new-plugin`` skeleton against our wheels, lint;
+example plugin's wheel, the ``moe new-plugin`` skeleton against our wheels, the SGLang
+integration inside SGLang on CPU, lint;
 and two that a plain ``nox`` leaves out: ``build`` (our wheels into ``dist/``) and
 ``gpu`` (on a CUDA machine, in its installed environment: ``tools/gpu.sh``).
 
@@ -48,6 +49,10 @@ PLUGINS = _plugins()
 
 #: the out-of-tree example plugin, written as a third party would
 EXAMPLE = "examples/moe-torch-grouped"
+
+#: the SGLang integration (distribution moe-sglang) and the one list of the SGLang it is tested against
+SGLANG = "integrations/sglang"
+SGLANG_REQUIREMENTS = ROOT / SGLANG / "requirements-sglang-cpu.txt"
 
 
 def _session(func=None, **options):
@@ -189,6 +194,25 @@ def new_plugin(session: nox.Session) -> None:
 
 
 @_session
+def sglang(session: nox.Session) -> None:
+    """integrations/sglang (moe-sglang) inside SGLang on CPU: seed scenario, layers against SGLang's forward.
+
+    SGLang from its pinned list (``requirements-sglang-cpu.txt``: the ``sglang==`` line ``--no-deps``, because its
+    wheel pins a CUDA torch and GPU kernels, then what its MoE modules import on a CPU); moe-flashinfer-mxfp4
+    ``--no-deps`` for the seed scenario (on a CPU its support check refuses on the device before flashinfer-python,
+    ~2.3 GB with its CUDA libraries, would be read); core and the bridge from the working tree.
+    """
+    lines = [line.strip() for line in SGLANG_REQUIREMENTS.read_text().splitlines()]
+    pins = [line for line in lines if line and not line.startswith("#")]
+    engine = [pin for pin in pins if pin.startswith("sglang==")]
+    session.install(*CONSTRAINTS, *(pin for pin in pins if pin not in engine))
+    session.install(*CONSTRAINTS, "--no-deps", *engine)
+    session.install(*CONSTRAINTS, "./core[test]", f"./{SGLANG}[test]")
+    session.install(*CONSTRAINTS, "--no-deps", "./plugins/flashinfer-mxfp4")
+    _pytest(session, f"{SGLANG}/tests")
+
+
+@_session
 def lint(session: nox.Session) -> None:
     """ruff over every package."""
     session.install(*CONSTRAINTS, "ruff")
@@ -198,14 +222,14 @@ def lint(session: nox.Session) -> None:
 
 @_session(default=False)
 def build(session: nox.Session) -> None:
-    """Wheels of moe-core, every first-party plugin and the example into dist/ (not run by a plain nox).
+    """Wheels of moe-core, every first-party plugin, the example and moe-sglang into dist/ (not run by a plain nox).
 
     moe-core is on no package index; install from these with ``pip install --find-links dist moe-core
     moe-triton`` (and a third-party plugin: ``pip install --find-links dist ./my-plugin``).
     """
     dist = ROOT / "dist"
     dist.mkdir(exist_ok=True)
-    for folder in ("core", *PLUGINS.values(), EXAMPLE):
+    for folder in ("core", *PLUGINS.values(), EXAMPLE, SGLANG):
         wheel = Path(_wheel(session, folder))
         shutil.copy2(wheel, dist / wheel.name)
         session.log(f"dist/{wheel.name}")
