@@ -41,12 +41,15 @@ def _no_jit_spec_generation(request, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _full_module_engine(request, monkeypatch):
-    """Bind with FlashInfer's full module, built, unless a test is about the choice (marker ``engine_choice``)."""
+    """Bind with FlashInfer's full module, built, and let the support check expect it (no flashinfer import, no
+    dependence on this machine's FlashInfer cache), unless a test is about the choice (marker ``engine_choice``)."""
     if request.node.get_closest_marker("engine_choice"):
         return
     from moe_flashinfer_mxfp4 import sm90_engine
 
-    monkeypatch.setattr(sm90_engine, "choose", lambda fi: sm90_engine.Engine(sm90_engine.FULL, True, "test"))
+    built = sm90_engine.Engine(sm90_engine.FULL, True, "test")
+    monkeypatch.setattr(sm90_engine, "choose", lambda fi: built)
+    monkeypatch.setattr(sm90_engine, "expected", lambda: built)
 
 
 def pytest_configure(config):

@@ -1,11 +1,15 @@
 """``FlashInferMxfp4FusedOp``: the ``("none", "flashinfer_mxfp4")`` fused op.
 
-``check`` (cheap, no flashinfer import): core's declared-capability checks,
-then ``probe`` — the device's kernel path by compute capability
-(``devices``) and the installed flashinfer-python version (``versions``,
-metadata only). Binding (``__init__``) imports flashinfer and verifies, by
-running the installed helpers on small CPU probes, that they produce the
-layouts this backend prepares; any disagreement refuses the backend.
+``check`` (cheap): core's declared-capability checks, then ``probe`` — the
+device's kernel path by compute capability (``devices``) and the installed
+flashinfer-python version (``requirements``, metadata only); on the SM90 path,
+last, whether the FlashInfer module it would run is built: when its first use
+would compile it (minutes to an hour) the answer is ``Support.explicit_only``,
+so ``backend="auto"`` passes over it and an explicit ``backend="flashinfer_mxfp4"``
+still builds it. Only that last step imports flashinfer (its JIT environment).
+Binding (``__init__``) imports flashinfer and verifies, by running the
+installed helpers on small CPU probes, that they produce the layouts this
+backend prepares; any disagreement refuses the backend.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class FlashInferMxfp4FusedOp(FusedOp):
     #: SM100) are reached by zero padding in ``prepare`` (``padding``: gpt-oss's 2880 runs as 2944)
     size_alignment = 32
 
-    # ---- support (no flashinfer import) -------------------------------------------------------
+    # ---- support (flashinfer imported only by the SM90 build-state step) ----------------------
     @classmethod
     def check(cls, problem: MoeProblem) -> Support:
         support = super().check(problem)
@@ -51,15 +55,30 @@ class FlashInferMxfp4FusedOp(FusedOp):
 
     @classmethod
     def probe(cls, problem: MoeProblem | None) -> Support:
+        """The device's kernel path and the flashinfer-python version (metadata); then, for an SM90 problem that
+        passed everything else, whether the module it needs is built (``warmup.first_use_support``).
+
+        That last step imports FlashInfer's JIT environment (``import flashinfer``, a few seconds) to find its
+        cache and prebuilt modules; it reads files and generates nothing. Acceptable there because only a process
+        that has an SM90 GPU, this plugin installed and an MXFP4 problem this backend can run pays it, once (Python
+        keeps the module; the bind that follows imports flashinfer anyway). Every cheaper refusal comes first, a
+        CPU or SM100 problem never gets there, and ``available()`` (``problem`` None) never does. Nothing about
+        "built" is cached, so the plain yes returns as soon as ``moe warmup flashinfer_mxfp4`` has built a module.
+        """
         if problem is None:
             paths, reasons = devices.machine_paths()
             if not paths:
                 return Support.no("; ".join(reasons) or "no CUDA device is visible")
-        else:
-            path, reason = devices.path_for_device(problem.device)
-            if path is None:
-                return Support.no(reason)
-        return requirements.check()
+            return requirements.check()
+        path, reason = devices.path_for_device(problem.device)
+        if path is None:
+            return Support.no(reason)
+        support = requirements.check()
+        if not support or path != devices.SM90_CUTLASS:
+            return support
+        from moe_flashinfer_mxfp4.warmup import first_use_support
+
+        return first_use_support()
 
     @classmethod
     def path(cls, device: torch.device) -> str:

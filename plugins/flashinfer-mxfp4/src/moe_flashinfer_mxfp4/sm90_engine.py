@@ -8,7 +8,9 @@ takes whichever is already built — slim first — and, when neither is, the
 slim one, because it builds an order of magnitude faster. The choice and its
 reason are reported (bind-time warning when a build is due, ``moe warmup``,
 ``op.sm90_engine``), and ``MOE_FLASHINFER_MXFP4_SM90_MODULE=slim|full``
-overrides it.
+overrides it. ``expected`` makes the same choice before binding, from files on
+disk alone (no kernel import, no generated sources): the support check uses it
+to keep ``backend="auto"`` off a backend whose first use would build.
 """
 
 from __future__ import annotations
@@ -52,6 +54,43 @@ def full_module_ready(fi) -> bool:
     return bool(getattr(spec, "is_aot", False) or getattr(spec, "is_compiled", False))
 
 
+def jit_env():
+    """FlashInfer's JIT environment module (``import flashinfer``: seconds, once per process); the import's
+    failure as ``BackendUnavailableError`` with the reason."""
+    try:
+        from flashinfer.jit import env
+    except Exception as exc:  # ImportError, or a CUDA library problem surfacing at import (as ``kernel.load``)
+        raise BackendUnavailableError(
+            f"flashinfer_mxfp4: importing flashinfer failed ({type(exc).__name__}: {exc})"
+        ) from exc
+    return env
+
+
+def full_module_name() -> str:
+    """The name ``gen_cutlass_fused_moe_sm90_module`` gives FlashInfer's full SM90 module, without calling it
+    (it generates the CUTLASS instantiation sources): ``fused_moe_90``, or the H20 variant of releases that have
+    one."""
+    try:
+        from flashinfer.jit import fused_moe as jit_fused_moe
+    except ImportError:
+        return "fused_moe_90"
+    h20 = getattr(jit_fused_moe, "_should_enable_sm90_moe_prebuilt_d_descriptor", None)
+    return "fused_moe_90_h20_prebuilt_d" if callable(h20) and h20() else "fused_moe_90"
+
+
+def full_module_on_disk() -> bool:
+    """``full_module_ready`` from files alone: a prebuilt (AOT) copy FlashInfer would load, or its JIT library."""
+    env = jit_env()
+    name = full_module_name()
+    if hasattr(env, "get_aot_artifacts"):  # flashinfer 0.7: per-architecture providers (flashinfer-jit-cache)
+        prebuilt = bool(env.get_aot_artifacts(name))
+    elif hasattr(env, "get_aot_path"):
+        prebuilt = Path(env.get_aot_path(name)).exists()
+    else:
+        prebuilt = (Path(env.FLASHINFER_AOT_DIR) / name / f"{name}.so").exists()
+    return prebuilt or (Path(env.FLASHINFER_JIT_DIR) / name / f"{name}.so").exists()
+
+
 def slim_problem() -> str | None:
     """Why the slim module cannot be built or called here (None: it can)."""
     from moe_flashinfer_mxfp4.slim import SlimUnsupported
@@ -73,9 +112,22 @@ def slim_built() -> bool:
 
 
 def choose(fi) -> Engine:
+    """The module that runs the kernels for a bound op (``fi``: ``kernel.load()``)."""
+    return _decide(lambda: full_module_ready(fi))
+
+
+def expected() -> Engine:
+    """What ``choose`` will answer at bind time, found out before: from files on disk and FlashInfer's JIT
+    environment (imported), without loading kernels or generating sources. Nothing is cached: after
+    ``moe warmup`` the next call sees the built module. ``BackendUnavailableError`` as ``choose``'s."""
+    jit_env()
+    return _decide(full_module_on_disk)
+
+
+def _decide(full_ready) -> Engine:
     wanted = requested()
     if wanted == FULL:
-        return Engine(FULL, full_module_ready(fi), f"{ENV}=full")
+        return Engine(FULL, full_ready(), f"{ENV}=full")
     problem = slim_problem()
     if wanted == SLIM:
         if problem:
@@ -85,7 +137,7 @@ def choose(fi) -> Engine:
         return Engine(SLIM, slim_built(), f"{ENV}=slim")
     if problem is None and slim_built():
         return Engine(SLIM, True, "the slim module is built")
-    if full_module_ready(fi):
+    if full_ready():
         return Engine(FULL, True, "FlashInfer's fused_moe_90 is built or prebuilt")
     if problem is None:
         return Engine(SLIM, False, "neither module is built; the slim one compiles in minutes, the full one in ~1 h")

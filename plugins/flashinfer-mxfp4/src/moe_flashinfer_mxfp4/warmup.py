@@ -29,7 +29,7 @@ from collections.abc import Callable
 from moe_core.errors import BackendUnavailableError
 from moe_core.fused_op import Support
 from moe_core.requirements import distribution_version
-from moe_flashinfer_mxfp4 import devices, kernel, sm90_engine
+from moe_flashinfer_mxfp4 import devices, kernel, requirements, sm90_engine
 
 #: measured on an H200 host, 16 cores, flashinfer 0.7.4, CUDA 13.0: 36 units in 9.5 min
 SM90_UNITS_PER_MINUTE = 36 / 9.5
@@ -175,6 +175,48 @@ def _warmup(op_cls, progress: Callable[[str], None]) -> Support:
 def _warm_slim(progress) -> str:
     module = sm90_engine.load_slim(progress, warmup=True)  # loads: a broken library fails here, not in a runner
     return f"slim SM90 W4A16 module built and loads ({module.library})"
+
+
+WARMUP_OR_NAME = "run `moe warmup flashinfer_mxfp4`, or name the backend to build it on first use"
+
+
+def first_use_support() -> Support:
+    """The support check's last word on the SM90 path (everything else supported): ``yes`` when the module the
+    bound op will run (``sm90_engine.expected``) is built or prebuilt, ``explicit_only`` when its first use would
+    build it, ``no`` when that cannot be found out or may not happen (``build_support``). Nothing is cached."""
+    try:
+        engine = sm90_engine.expected()
+    except BackendUnavailableError as exc:  # importing flashinfer, a bad MOE_FLASHINFER_MXFP4_SM90_MODULE, ...
+        return Support.no(str(exc).removeprefix("flashinfer_mxfp4: "))
+    except Exception as exc:  # finding out must never break ``auto``: refuse with what went wrong
+        return Support.no(
+            f"could not find out whether FlashInfer's SM90 MoE module is built ({type(exc).__name__}: {exc})"
+        )
+    return build_support(engine)
+
+
+def build_support(engine: sm90_engine.Engine) -> Support:
+    """``Support`` for an SM90 problem whose op would bind ``engine``: plain yes once it is built."""
+    if engine.built:
+        return Support.yes()
+    slim = engine.kind == sm90_engine.SLIM
+    module = "the slim SM90 W4A16 module" if slim else "FlashInfer's full SM90 module fused_moe_90"
+    version = requirements.installed()
+    if os.environ.get("FLASHINFER_DISABLE_JIT"):  # prepare would refuse to build it: say so now
+        prebuilt = ""
+        if not slim and version is not None:
+            prebuilt = f" (or install flashinfer-jit-cache {version.public} for your CUDA)"
+        return Support.no(
+            f"FLASHINFER_DISABLE_JIT is set and {module} is not built ({engine.reason}); run "
+            f"`moe warmup flashinfer_mxfp4`{prebuilt} first"
+        )
+    if slim:
+        return Support.explicit_only(f"would build {module} first ({SLIM_ESTIMATE}); {WARMUP_OR_NAME}")
+    hint = f"; {prebuilt_hint(version)}" if version is not None else ""
+    return Support.explicit_only(
+        f"would build {module} first (about an hour on 16 cores: {SM90_MEASURED}; {engine.reason}); "
+        f"{WARMUP_OR_NAME}{hint}"
+    )
 
 
 def cold_build_notice(fi, path: str, engine=None) -> str | None:
