@@ -126,26 +126,6 @@ def test_check_missing_backend_is_an_error(capsys, monkeypatch):
     assert code == 2 and "pip install moe-fancy-kernels" in err
 
 
-def test_bench_json_and_output_file(capsys, tmp_path):
-    path = tmp_path / "bench.json"
-    code, out, _ = run_cli(
-        capsys, "bench", "--preset", "tiny", "--tokens", "1,4", "--repeat", "2", "--json", "--output", str(path)
-    )
-    doc = json.loads(out)
-    assert code == 0 and json.loads(path.read_text()) == doc
-    assert [(r["preset"], r["tokens"], r["backend"]) for r in doc["rows"]] == [
-        ("tiny", 1, "torch"),
-        ("tiny", 4, "torch"),
-    ]
-    row = doc["rows"][1]
-    # 4 tokens x top-2 over 8 experts: bytes = experts hit x one expert's bytes + input/output
-    expert = (2 * 256 * 128 + 128 * 256) * 2
-    assert row["bytes_moved"] == row["experts_hit"] * expert + 2 * 4 * 128 * 2
-    assert row["flops"] == 2 * 4 * 2 * 3 * 128 * 256
-    assert 0 < row["roofline_fraction"] and row["time_us"] > 0
-    assert doc["device"] == "cpu" and doc["torch"]
-
-
 @pytest.mark.parametrize("command", ["run", "bench", "tune"])
 def test_tokens_is_the_same_option_everywhere(capsys, command):
     with pytest.raises(SystemExit) as info:
