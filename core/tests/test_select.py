@@ -314,3 +314,14 @@ def test_explain_lists_every_backend_and_why_not(site, table_dir):
 def test_select_help_states_the_rule(site):
     out = site.moe("select", "--help").stdout
     assert "MOE_SELECTION_RULE" in out and "stale" in out
+
+
+def test_record_cold_stores_cold_times_and_auto_compares_them(site, table_dir):
+    site.add("moe-slowpoke", "slowpoke", priority=100, body=SLOW_APPLY)
+    env = {DIR_VAR: str(table_dir)}
+    proc = site.moe("select", "record", *SHAPE, "--tokens", "1", "--repeat", "3", "--cold", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    recorded = json.loads(proc.stdout)
+    assert recorded["statistic"] == "min_us"  # the CPU keeps the fastest sample
+    assert all(m["cold_us"].keys() == {"1"} and m["hot_us"].keys() == {"1"} for m in recorded["measurements"])
+    assert recorded["auto"]["backend"] == "torch" and "cold weights" in recorded["auto"]["why"]

@@ -10,8 +10,9 @@ this machine, never inside a package.
 
 **Key.** A record holds the device (name and compute capability), the torch version, the problem (scheme,
 activation, dtype, E, k, H, I, bias) and, per backend, its distribution and version, the token counts and
-the median µs at each (``hot``: the same weights every call; ``cold``: weights rotated past the GPU's L2, as
-in a model of many layers). A record applies only when all of that matches what is installed now; one whose
+the µs at each (the median on a GPU, the fastest sample on a CPU: ``moe_core.timing.rank_by``), ``hot``
+(the same weights every call) and, where measured, ``cold`` (weights rotated past the GPU's L2, as in a
+model of many layers). A record applies only when all of that matches what is installed now; one whose
 torch or backend version changed is *stale*: ignored with a warning (record it again). An unreadable file is
 ignored with a warning, never an error. A backend recorded but no longer installed is simply not a
 candidate.
@@ -100,7 +101,7 @@ def torch_version() -> str:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One backend's times for one problem: median µs by token count, hot and (where measured) cold."""
+    """One backend's times for one problem: µs by token count, hot and (where measured) cold."""
 
     backend: str
     distribution: str

@@ -1,7 +1,8 @@
 """``moe select``: measure which backend is fastest for a problem here, and manage that record.
 
 ``record`` times every backend ``auto`` may choose (or the ``--backend`` ones) on one problem at several
-token counts and stores the medians in the selection table (``moe_core.selection_table``), which
+token counts — sampled in turn, the median kept on a GPU and the fastest sample on a CPU, as ``moe bench``
+ranks them — and stores the times in the selection table (``moe_core.selection_table``), which
 ``backend="auto"`` then consults before priorities; ``show`` prints the table, ``clear`` removes it.
 """
 
@@ -12,6 +13,9 @@ import json
 from moe_core.cli._console import stdout_console
 from moe_core.cli._options import add_device, add_problem, add_tokens, problem_config, resolve_device, token_counts
 
+#: the Timing field stored for each ``rank_by`` row field: the one moe bench ranks by on that device
+STATISTIC = {"time_us": "median_us", "min_us": "min_us"}
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -19,7 +23,7 @@ def register(sub) -> None:
         help="measure the fastest backend for a problem; backend='auto' then binds it",
         description=(
             "backend='auto' consults a selection table of measured times before the plugins' priorities. "
-            "'record' times the backends on one problem here and stores the medians (user cache directory; "
+            "'record' times the backends on one problem here and stores their times (user cache directory; "
             "MOE_SELECTION_DIR moves it); 'show' prints the table; 'clear' removes it. Records are keyed by the "
             "device, the torch version, the problem and each backend's distribution version: a changed version "
             "makes a record stale (ignored, with a warning). The rule that turns times into a choice is "
@@ -38,7 +42,19 @@ def register(sub) -> None:
         help="backend to time, repeatable (default: every backend auto may choose for this problem)",
     )
     add_device(rec)
-    rec.add_argument("--repeat", type=int, default=20, help="timed samples per token count; the median is stored")
+    rec.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed samples per backend and token count (default 20 on a GPU, 50 on a CPU), backends sampled in "
+        "turn; the median is stored on a GPU, the fastest sample on a CPU (moe_core.timing.rank_by)",
+    )
+    rec.add_argument(
+        "--cold",
+        action="store_true",
+        help="also time with the weights rotated past the GPU's L2, as in a model of many layers (auto then "
+        "compares cold times); copies of the layer's weights take memory",
+    )
     rec.add_argument("--json", action="store_true", help="print the record and auto's new choice as JSON")
     rec.set_defaults(handler=record)
 
@@ -61,10 +77,11 @@ def record(args) -> int:
     from moe_core.selection_table import Measurement, rule_name
     from moe_core.selection_table import record as store
     from moe_core.synthetic import random_weights
+    from moe_core.timing import RunnerTimer, rank_by, time_interleaved
 
     device = resolve_device(args)
     tokens = args.tokens or token_counts("1,8,64,512,4096" if device.type == "cuda" else "1,16,64")
-    if any(t < 1 for t in tokens) or args.repeat < 1:
+    if any(t < 1 for t in tokens) or (args.repeat is not None and args.repeat < 1):
         raise InvalidInputError("--tokens values and --repeat must be >= 1")
     config = problem_config(args)
     problem = MoeProblem(config, device)
@@ -75,16 +92,33 @@ def record(args) -> int:
     console = Console(stderr=True)
     weights = random_weights(config, device, seed=0)
     runners = {name: MoeRunner(config, weights, backend=name) for name in names}
-    times: dict[str, dict[int, float]] = {name: {} for name in names}
+    repeat = args.repeat or (20 if device.type == "cuda" else 50)
+    modes = (False, True) if args.cold else (False,)
+    times: dict[str, dict[bool, dict[int, float]]] = {name: {cold: {} for cold in modes} for name in names}
+    statistic = rank_by(device)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("timing", total=len(tokens) * len(names))
-        for m in tokens:  # every backend at one count before the next count: drift hits them alike
-            for name, runner in runners.items():
-                progress.update(task, description=f"{name} M={m}")
-                times[name][m] = _median_us(runner, m, device, args.repeat)
+        task = progress.add_task("timing", total=len(tokens) * len(modes))
+        for cold in modes:
+            for m in tokens:  # every backend at one count, sampled in turn: drift and noise hit them alike
+                progress.update(task, description=f"{'cold' if cold else 'hot'} M={m}: {', '.join(names)}")
+                timers = [RunnerTimer(config, weights, r, m, device, cold=cold) for r in runners.values()]
+                try:
+                    for name, timing in zip(names, time_interleaved(timers, repeat)):
+                        times[name][cold][m] = round(getattr(timing, STATISTIC[statistic]), 3)
+                        if timing.note:
+                            console.print(f"{name} M={m}: {timing.note}")
+                finally:
+                    for timer in timers:
+                        timer.close()
                 progress.advance(task)
     measurements = [
-        Measurement(runner.backend, runner.distribution, runner.selection.entry.version, times[name])
+        Measurement(
+            runner.backend,
+            runner.distribution,
+            runner.selection.entry.version,
+            times[name][False],
+            times[name].get(True, {}),
+        )
         for name, runner in runners.items()
     ]
     del runners, weights
@@ -95,30 +129,22 @@ def record(args) -> int:
         "device": str(device),
         "problem": _problem_dict(config),
         "rule": rule_name(),
+        "statistic": STATISTIC[statistic],
         "measurements": [m.as_dict() for m in measurements],
         "auto": {"backend": chosen[0].name, "why": chosen[0].why} if chosen else None,
     }
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
-    _print_times(measurements, tokens, f"{config.quant_scheme} E={config.num_experts} k={config.top_k} on {device}")
+    what = "median" if statistic == "time_us" else "fastest sample"
+    _print_times(
+        measurements, tokens, f"{config.quant_scheme} E={config.num_experts} k={config.top_k} on {device}, {what}"
+    )
     console = stdout_console()
     console.print(f"recorded in {path}")
     if chosen:
         console.print(f"backend='auto' now binds [bold]{chosen[0].name}[/]: {chosen[0].why}")
     return 0
-
-
-def _median_us(runner, m: int, device, repeat: int) -> float:
-    import torch
-
-    from moe_core.synthetic import random_inputs
-    from moe_core.timing import time_forward
-
-    config = runner.config
-    x, ids, tw = random_inputs(config, m, device, seed=m)  # the same inputs for every backend
-    out = torch.empty(m, config.hidden_size, dtype=config.dtype, device=device)
-    return round(time_forward(lambda: runner(x, ids, tw, out=out), device, repeat)[0], 3)
 
 
 def _problem_dict(config) -> dict:
@@ -130,13 +156,17 @@ def _problem_dict(config) -> dict:
 def _print_times(measurements, tokens, title: str) -> None:
     from rich.table import Table
 
-    table = Table(title=f"median µs per forward ({title})")
+    table = Table(title=f"µs per forward ({title})")
     table.add_column("backend")
     table.add_column("distribution")
     for m in tokens:
         table.add_column(f"M={m}", justify="right")
     for meas in measurements:
-        cells = [f"{meas.hot_us[m]:.1f}" if m in meas.hot_us else "-" for m in tokens]
+        cells = [
+            (f"{meas.hot_us[m]:.1f}" if m in meas.hot_us else "-")
+            + (f" / {meas.cold_us[m]:.1f} cold" if m in meas.cold_us else "")
+            for m in tokens
+        ]
         table.add_row(meas.backend, f"{meas.distribution} {meas.version}", *cells)
     stdout_console().print(table)
 
