@@ -50,6 +50,11 @@ Steps (default limit in seconds):
                        layers, real shapes): patch_model with triton (and mxfp4 for gpt-oss) against
                        transformers' eager, grouped_mm and batched_mm -> transformers-<family>.json (needs the
                        transformers wheels in .whl/)
+  select [ARGS]        (540)  `moe select record --cold` (hot and cold times) on the four bf16 model presets for triton,
+                       torch_grouped and torch, and on gpt-oss-120b mxfp4 for triton (flashinfer_mxfp4 too
+                       where its slim module is built), into MOE_SELECTION_DIR=$OUT/selection; then
+                       `moe backends --explain --json` per problem -> select-<preset>-<scheme>.json,
+                       explain-<preset>-<scheme>.json, selection/table.json (ARGS go to every record)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
                        M=1 and of its parts (router, runner, checks, apply) against transformers'
                        grouped_mm block -> overhead.json (transformers wheels in .whl/)
@@ -98,6 +103,7 @@ default_limit() {
     door-cost) echo 240 ;;
     transformers) echo 420 ;;
     overhead) echo 180 ;;
+    select) echo 540 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
   esac
@@ -110,6 +116,7 @@ packages_for() {  # the folders a step needs installed
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
     bench | door-cost | transformers | overhead) echo core plugins/triton-moe ;;
+    select) echo core plugins/triton-moe plugins/flashinfer-mxfp4 examples/moe-torch-grouped ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
     *:*) echo core "$(dirname "$(dirname "$(plugin_script "${1%%:*}")")")" ;;
   esac
@@ -190,6 +197,27 @@ step_door_cost() {
   "$PY" tools/gpu_door_cost.py --output "$OUT/door-cost.json" "$@"
 }
 
+step_select() {
+  local status=0 preset backends
+  export MOE_SELECTION_DIR="$OUT/selection"
+  for preset in mixtral-8x7b qwen3-30b-a3b deepseek-v3-tp8 gpt-oss-120b; do
+    "$PY" -m moe_core.cli select record --preset "$preset" --backend triton --backend torch_grouped --backend torch \
+      --cold --json "$@" > "$OUT/select-$preset-bf16.json" || status=1
+    "$PY" -m moe_core.cli backends --explain --preset "$preset" --json > "$OUT/explain-$preset-bf16.json" || status=1
+  done
+  backends=(--backend triton)
+  "$PY" -m moe_core.cli backends --explain --preset gpt-oss-120b --scheme mxfp4 --json > "$OUT/explain-before.json"
+  "$PY" -c 'import json, sys; rows = json.load(open(sys.argv[1]))["backends"]
+sys.exit(not any(r["name"].endswith(":flashinfer_mxfp4") and r["automatic"] for r in rows))' "$OUT/explain-before.json" \
+    && backends+=(--backend flashinfer_mxfp4)  # only once its module is built: never a build inside this step
+  "$PY" -m moe_core.cli select record --preset gpt-oss-120b --scheme mxfp4 "${backends[@]}" --cold --json "$@" \
+    > "$OUT/select-gpt-oss-120b-mxfp4.json" || status=1
+  "$PY" -m moe_core.cli backends --explain --preset gpt-oss-120b --scheme mxfp4 --json \
+    > "$OUT/explain-gpt-oss-120b-mxfp4.json" || status=1
+  "$PY" -m moe_core.cli select show
+  return $status
+}
+
 step_transformers() {
   local status=0
   "$PY" tools/transformers_bench.py --family qwen3-30b-a3b --json "$OUT/transformers-qwen3-30b-a3b.json" "$@" \
@@ -208,6 +236,7 @@ if [ "${1:-}" = --run-step ]; then
     door-cost) step_door_cost "$@" ;;
     transformers) step_transformers "$@" ;;
     overhead) "$PY" tools/layer_overhead.py --json "$OUT/overhead.json" "$@" ;;
+    select) step_select "$@" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   exit $?
@@ -221,7 +250,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;
