@@ -1,0 +1,89 @@
+"""``moe_core.distributed.ShardedRunner`` on gloo: 2 and 4 spawned CPU processes, each holding one shard, all
+tokens on every rank, outputs all-reduced; every rank's output equals the single-process layer.
+
+Routing is skewed on purpose (most tokens to the first rank's experts, one ``-1`` pair), and with EP=4 some
+ranks receive no token for their experts.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from moe_core import MoeConfig, MoeRunner
+from moe_core.synthetic import random_inputs, random_weights
+from moe_core.tolerances import relative_l2
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or sys.platform == "win32", reason="needs torch.distributed with gloo"
+)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, case: dict) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    from moe_core.distributed import ShardedRunner
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        hidden = case["hidden"] + (32 if case.get("mismatch") and rank == 1 else 0)
+        cfg = MoeConfig(8, 2, hidden, 256, quant_scheme=case["scheme"], dtype=case["dtype"])
+        weights = random_weights(cfg, seed=3)  # the same full weights on every rank
+        x, ids, tw = random_inputs(cfg, 12, seed=4)
+        ids[:8] = torch.tensor([0, 1], dtype=torch.int32)  # skewed: most tokens to the first experts
+        ids[9, 1] = -1
+        sharded = ShardedRunner(cfg, weights, tp_size=case["tp"], ep_size=case["ep"], backend="torch")
+        out = sharded(x, ids, tw)
+        full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
+        err = relative_l2(out.float(), full.float())
+        assert out.dtype == cfg.dtype and err < case["tol"], f"rank {rank}: rel. L2 {err}"
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(case: dict, world: int) -> None:
+    mp.spawn(_worker, args=(world, _port(), case), nprocs=world, join=True)
+
+
+CASES = [
+    (2, 1, "fp32", torch.float32, 1e-5),
+    (1, 2, "fp32", torch.float32, 1e-5),
+    (1, 4, "fp32", torch.float32, 1e-5),
+    (2, 2, "fp32", torch.float32, 1e-5),
+    (2, 2, "bf16", torch.bfloat16, 1e-2),  # the sum is float32; each rank's partial is rounded to bf16 once
+    (2, 2, "mxfp4", torch.float32, 1e-5),
+]
+
+
+@pytest.mark.parametrize("tp,ep,scheme,dtype,tol", CASES, ids=[f"tp{c[0]}-ep{c[1]}-{c[2]}" for c in CASES])
+def test_sharded_layer_equals_the_single_process_layer(tp, ep, scheme, dtype, tol):
+    _spawn(dict(tp=tp, ep=ep, scheme=scheme, dtype=dtype, hidden=128, tol=tol), tp * ep)
+
+
+def test_ranks_given_different_layers_fail_with_a_reason_not_a_hang():
+    with pytest.raises(Exception, match="were given another layer or grid than rank 0"):
+        _spawn(dict(tp=1, ep=2, scheme="fp32", dtype=torch.float32, hidden=128, tol=1e-5, mismatch=True), 2)
+
+
+def test_without_a_process_group_it_says_so():
+    from moe_core.distributed import ShardedRunner
+    from moe_core.errors import InvalidInputError
+
+    cfg = MoeConfig(8, 2, 128, 256, quant_scheme="fp32", dtype=torch.float32)
+    with pytest.raises(InvalidInputError, match="initialised torch.distributed process group"):
+        ShardedRunner(cfg, random_weights(cfg), tp_size=2)
