@@ -87,3 +87,27 @@ def test_without_a_process_group_it_says_so():
     cfg = MoeConfig(8, 2, 128, 256, quant_scheme="fp32", dtype=torch.float32)
     with pytest.raises(InvalidInputError, match="initialised torch.distributed process group"):
         ShardedRunner(cfg, random_weights(cfg), tp_size=2)
+
+
+def test_moe_run_tp2_ep2_on_the_cpu_verifies():
+    import json
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.cli", "run", "--preset", "small", "--tp", "2", "--ep", "2", "--verify",
+         "--json", "--device", "cpu"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True and report["ranks"] == 4 and report["dispatch"] == "replicate-and-mask"
+
+
+def test_moe_run_refuses_a_grid_before_spawning():
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.cli", "run", "--preset", "small", "--tp", "3", "--device", "cpu"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "tp_size=3 does not divide the intermediate size I=256" in proc.stderr

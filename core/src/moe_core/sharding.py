@@ -150,6 +150,13 @@ def local_ids(topk_ids: torch.Tensor, experts: Sequence[int], num_experts: int) 
     return table[torch.where(ids < 0, num_experts, ids)]
 
 
+def check_grid(config: MoeConfig, tp_size: int, ep_size: int) -> None:
+    """Refuse a TP x EP grid the layer cannot be sharded on (before any process starts)."""
+    _positive("tp_size", tp_size)
+    contiguous_placement(config.num_experts, ep_size)
+    _local_intermediate(config, tp_size)
+
+
 def _local_intermediate(config: MoeConfig, tp_size: int) -> int:
     """``I/tp``, refused where it does not divide or does not fall on the scheme's blocks and packing."""
     full = config.intermediate_size

@@ -26,26 +26,58 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verify", action="store_true", help="compare with the float64 reference")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    par = p.add_argument_group(
+        "parallel (moe_core.distributed: replicate and mask)",
+        "With --tp/--ep above 1 the layer is sharded over TP x EP ranks: spawned on this machine (gloo on the "
+        "CPU, NCCL with one GPU per rank), or, under torchrun, the ranks torchrun started (env:// initialisation). "
+        "Rank 0 reports; --verify compares the combined output with the single-process float64 reference.",
+    )
+    par.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (split I)")
+    par.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (split E)")
+    par.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait for a rank")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
-
     from moe_core.errors import InvalidInputError
+
+    if len(args.tokens) != 1 or args.repeat < 1:
+        raise InvalidInputError("moe run takes one token count (--tokens 16) and --repeat >= 1")
+    if args.tp < 1 or args.ep < 1:
+        raise InvalidInputError("--tp and --ep must be >= 1")
+    if args.tp * args.ep > 1:
+        from moe_core.cli._ranks import run_ranks
+        from moe_core.sharding import check_grid
+
+        check_grid(problem_config(args), args.tp, args.ep)
+
+        report = run_ranks(_forward_report, args, args.tp * args.ep, args.timeout)
+        return _finish(args, report)
+    return _finish(args, _forward_report(args))
+
+
+def _forward_report(args, rank: int = 0, device=None) -> dict | None:
+    """One forward (sharded when a process group is up) and its report; None on ranks other than 0."""
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_inputs, random_weights
     from moe_core.timing import time_forward
 
-    if len(args.tokens) != 1 or args.repeat < 1:
-        raise InvalidInputError("moe run takes one token count (--tokens 16) and --repeat >= 1")
     (tokens,) = args.tokens
-    device = resolve_device(args)
+    device = device or resolve_device(args)
     config = problem_config(args)
-    weights = random_weights(config, device, seed=args.seed)
-    runner = MoeRunner(config, weights, backend=args.backend)
+    weights = random_weights(config, device, seed=args.seed)  # the same full weights on every rank
+    if args.tp * args.ep > 1:
+        from moe_core.distributed import ShardedRunner
+
+        sharded = ShardedRunner(config, weights, tp_size=args.tp, ep_size=args.ep, backend=args.backend)
+        runner, call = sharded.runner, sharded
+    else:
+        runner = call = MoeRunner(config, weights, backend=args.backend)
     x, ids, tw = random_inputs(config, tokens, device, seed=args.seed + 1)
-    out = runner(x, ids, tw)
-    us, _ = time_forward(lambda: runner(x, ids, tw), device, repeat=args.repeat, use_graph=False)
+    out = call(x, ids, tw)
+    us, _ = time_forward(lambda: call(x, ids, tw), device, repeat=args.repeat, use_graph=False)
+    if rank != 0:
+        return None
     ms = us / 1e3
     report = {
         "backend": runner.backend,
@@ -64,7 +96,8 @@ def run(args) -> int:
         "checksum": float(out.double().sum()),
         "time_ms": ms,
     }
-    ok = True
+    if args.tp * args.ep > 1:
+        report.update(tp=args.tp, ep=args.ep, ranks=args.tp * args.ep, dispatch="replicate-and-mask")
     if args.verify:
         from moe_core.reference import reference_for
         from moe_core.tolerances import relative_l2, tolerance
@@ -72,8 +105,14 @@ def run(args) -> int:
         ref = reference_for(config, weights, x, ids, tw)
         err = relative_l2(out, ref)
         tol = tolerance(config.quant_scheme, config.dtype)
-        ok = err <= tol
-        report.update(rel_l2_error=err, tolerance=tol, verified=ok)
+        report.update(rel_l2_error=err, tolerance=tol, verified=err <= tol)
+    return report
+
+
+def _finish(args, report: dict | None) -> int:
+    if report is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
+    ok = report.get("verified", True)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
