@@ -56,8 +56,54 @@ def _worker(rank: int, world: int, port: int, case: dict) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(case: dict, world: int) -> None:
-    mp.spawn(_worker, args=(world, _port(), case), nprocs=world, join=True)
+def _spawn(case: dict, world: int, worker=None) -> None:
+    mp.spawn(worker or _worker, args=(world, _port(), case), nprocs=world, join=True)
+
+
+def _a2a_worker(rank: int, world: int, port: int, case: dict) -> None:
+    """Each rank brings its own slice of one global batch (sizes ``case["split"]``, zeros allowed)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from moe_core.distributed import AllToAllRunner
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        cfg = MoeConfig(8, 2, 128, 256, quant_scheme=case["scheme"], dtype=case["dtype"], has_bias=True)
+        weights = random_weights(cfg, seed=3)
+        split = case["split"]
+        x, ids, tw = random_inputs(cfg, sum(split), seed=4)
+        ids[: sum(split) // 2] = torch.tensor([7, 6], dtype=torch.int32)  # skewed to the last rank's experts
+        ids[1, 0] = -1
+        full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
+        lo = sum(split[:rank])
+        mine = slice(lo, lo + split[rank])
+        out = AllToAllRunner(cfg, weights, placement=case.get("placement"), backend="torch")(
+            x[mine], ids[mine], tw[mine]
+        )
+        assert out.shape == (split[rank], 128) and out.dtype == cfg.dtype
+        if split[rank]:
+            err = relative_l2(out.float(), full[mine].float())
+            assert err < case["tol"], f"rank {rank}: rel. L2 {err}"
+    finally:
+        dist.destroy_process_group()
+
+
+A2A = [
+    ([7, 5], "fp32", torch.float32, 1e-5, None),
+    ([6, 0, 4, 2], "fp32", torch.float32, 1e-5, None),  # a rank with no tokens of its own
+    ([3, 3, 3, 3], "bf16", torch.bfloat16, 1e-2, [(7,), (0, 1, 2), (3, 4), (5, 6)]),  # a given placement
+]
+
+
+@pytest.mark.parametrize("split,scheme,dtype,tol,placement", A2A, ids=["2-ranks", "4-ranks-one-empty", "4-ranks-bf16"])
+def test_all_to_all_equals_the_single_process_layer(split, scheme, dtype, tol, placement):
+    case = dict(split=split, scheme=scheme, dtype=dtype, tol=tol, placement=placement)
+    _spawn(case, len(split), _a2a_worker)
 
 
 CASES = [

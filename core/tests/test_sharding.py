@@ -132,6 +132,10 @@ def test_shards_own_their_storage():
         (dict(ep_size=2, placement=[(0, 1, 2, 3), (3, 4, 5, 6, 7)]), r"on several ranks \[3\]"),
         (dict(ep_size=3, placement=[tuple(range(8)), ()]), "at least one expert"),
         (dict(ep_size=3, placement=[(0, 1, 2, 3), (4, 5, 6, 7)]), "lists 2 ranks, ep_size is 3"),
+        (
+            dict(ep_size=2, placement=[(0,), (1, 2, 3, 4, 5, 6, 7)]),
+            r"EP ranks \[0\] would hold fewer experts than top_k=2",
+        ),
     ],
 )
 def test_bad_grids_are_refused(kwargs, match):

@@ -104,6 +104,13 @@ def shard_weights(
         if len(ranks) != ep_size:
             raise InvalidInputError(f"the placement lists {len(ranks)} ranks, ep_size is {ep_size}")
     experts = ranks[ep_rank]
+    short = [r for r, held in enumerate(ranks) if len(held) < config.top_k]
+    if short:
+        raise InvalidInputError(
+            f"EP ranks {short} would hold fewer experts than top_k={config.top_k}: a shard's MoeConfig keeps the "
+            f"layer's top_k (ids of experts elsewhere are -1), and top_k cannot exceed its experts. Use fewer EP "
+            f"ranks, another placement, or a dispatcher that sends pairs one by one (AllToAllRunner)"
+        )
     inter = _local_intermediate(config, tp_size)
     local = dataclasses.replace(config, num_experts=len(experts), intermediate_size=inter)
     index = torch.tensor(experts, dtype=torch.long, device=weights.w13.device)
