@@ -1,7 +1,7 @@
 """``MoeLayer``'s CUDA graphs (``moe_core.graphs``): when a forward is replayed, when it stays eager, and that a
 replay computes what the eager forward computes.
 
-A sync-free dense backend (every expert on every token, weighted by the routing) stands in for a GPU kernel
+A sync-free dense backend (``dense_op.DenseOp``) stands in for a GPU kernel
 family: the torch reference reads expert counts on the host and is not capturable.
 """
 
@@ -11,9 +11,10 @@ import warnings
 
 import pytest
 import torch
+from dense_op import DenseOp
 from test_layer import LinearRouter, make_config, make_shared
 
-from moe_core import FusedOp, MoeLayer
+from moe_core import MoeLayer
 from moe_core.errors import InvalidInputError
 from moe_core.graphs import MAX_GRAPHS
 from moe_core.synthetic import random_weights
@@ -23,24 +24,6 @@ def on_gpu(test):
     return pytest.mark.gpu(
         pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")(test)
     )
-
-
-class DenseOp(FusedOp):
-    """Every expert on every token, combined by a scatter of the routing weights: no host sync anywhere."""
-
-    name = "dense_graph_test"
-    quant_schemes = frozenset({"fp32"})
-    activation_dtypes = frozenset({torch.float32})
-    device_types = frozenset({"cpu", "cuda"})
-
-    def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
-        m, e = hidden_states.shape[0], self.config.num_experts
-        combine = torch.zeros(m, e, device=hidden_states.device).scatter_add_(1, topk_ids.long(), topk_weights)
-        h13 = torch.einsum("mh,enh->men", hidden_states, prepared.w13)
-        gate, up = h13.chunk(2, dim=-1)
-        y = torch.einsum("men,ehn->meh", torch.nn.functional.silu(gate) * up, prepared.w2)
-        result = (combine[..., None] * y).sum(1)
-        return result if out is None else out.copy_(result)
 
 
 class SyncingRouter(LinearRouter):

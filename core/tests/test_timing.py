@@ -6,10 +6,10 @@ import collections
 
 import pytest
 import torch
+from dense_op import DenseOp
 
 from moe_core import MoeConfig, MoeRunner, timing
 from moe_core.backends.torch.fused_op import TorchFusedOp
-from moe_core.fused_op import FusedOp
 from moe_core.synthetic import random_weights
 from moe_core.timing import (
     CPU_CACHE_BYTES,
@@ -52,23 +52,6 @@ class CountingTorch(TorchFusedOp):
     def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
         CALLS[id(prepared.w13)] += 1
         return super().apply(hidden_states, topk_ids, topk_weights, prepared, out)
-
-
-class DenseOp(FusedOp):
-    """Every expert on every token, no host synchronisation: capturable in a CUDA graph."""
-
-    name = "dense_timing_test"
-    quant_schemes = frozenset({"fp32"})
-    activation_dtypes = frozenset({torch.float32})
-    device_types = frozenset({"cpu", "cuda"})
-
-    def apply(self, hidden_states, topk_ids, topk_weights, prepared, out=None):
-        m, e = hidden_states.shape[0], self.config.num_experts
-        combine = torch.zeros(m, e, device=hidden_states.device).scatter_add_(1, topk_ids.long(), topk_weights)
-        gate, up = torch.einsum("mh,enh->men", hidden_states, prepared.w13).chunk(2, dim=-1)
-        y = torch.einsum("men,ehn->meh", torch.nn.functional.silu(gate) * up, prepared.w2)
-        result = (combine[..., None] * y).sum(1)
-        return result if out is None else out.copy_(result)
 
 
 def test_timing_spread_is_min_median_p90():
