@@ -632,6 +632,15 @@ def rank_by(device) -> str:
     return RANK_BY.get(torch.device(device).type, "time_us")
 
 
+#: the ``Timing`` field behind each row statistic of ``RANK_BY``
+_TIMING_FIELD = {"time_us": "median_us", "min_us": "min_us"}
+
+
+def rank_field(device) -> str:
+    """``rank_by(device)`` as the ``Timing`` field that holds it (``median_us`` / ``min_us``)."""
+    return _TIMING_FIELD[rank_by(device)]
+
+
 def mark_fastest(rows: Sequence[BenchRow], by: str = "time_us") -> None:
     """Set ``vs_fastest`` (the row's ``by`` statistic over the fastest row's) and ``within_noise`` on every row,
     per (preset, scheme, M, weights). Within noise: the row's ``by`` is at most the fastest row's next statistic

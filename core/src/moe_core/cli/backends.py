@@ -92,7 +92,7 @@ def _print_table(rows, checked: bool) -> None:
 def explain(args) -> int:
     from moe_core.config import MoeProblem
     from moe_core.selection import explain_auto
-    from moe_core.selection_table import rule_name, table_path
+    from moe_core.selection_table import problem_key, rule_name, table_path
 
     config = problem_config(args)
     device = resolve_device(args)
@@ -100,16 +100,7 @@ def explain(args) -> int:
     chosen = order[0] if order else None
     document = {
         "device": str(device),
-        "problem": {
-            "experts": config.num_experts,
-            "top_k": config.top_k,
-            "hidden": config.hidden_size,
-            "intermediate": config.intermediate_size,
-            "scheme": config.quant_scheme,
-            "activation": config.activation,
-            "dtype": args.dtype,
-            "bias": config.has_bias,
-        },
+        "problem": problem_key(config),
         "selection_table": str(table_path()),
         "rule": rule_name(),
         "backends": [c.as_dict() for c in candidates],

@@ -13,9 +13,6 @@ import json
 from moe_core.cli._console import stdout_console
 from moe_core.cli._options import add_device, add_problem, add_tokens, problem_config, resolve_device, token_counts
 
-#: the Timing field stored for each ``rank_by`` row field: the one moe bench ranks by on that device
-STATISTIC = {"time_us": "median_us", "min_us": "min_us"}
-
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -74,10 +71,10 @@ def record(args) -> int:
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.selection import explain_auto
-    from moe_core.selection_table import Measurement, rule_name
+    from moe_core.selection_table import Measurement, problem_key, rule_name
     from moe_core.selection_table import record as store
     from moe_core.synthetic import random_weights
-    from moe_core.timing import RunnerTimer, rank_by, time_interleaved
+    from moe_core.timing import RunnerTimer, rank_field, time_interleaved
 
     device = resolve_device(args)
     tokens = args.tokens or token_counts("1,8,64,512,4096" if device.type == "cuda" else "1,16,64")
@@ -95,7 +92,7 @@ def record(args) -> int:
     repeat = args.repeat or (20 if device.type == "cuda" else 50)
     modes = (False, True) if args.cold else (False,)
     times: dict[str, dict[bool, dict[int, float]]] = {name: {cold: {} for cold in modes} for name in names}
-    statistic = rank_by(device)
+    statistic = rank_field(device)  # the Timing field moe bench ranks by here
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("timing", total=len(tokens) * len(modes))
         for cold in modes:
@@ -104,7 +101,7 @@ def record(args) -> int:
                 timers = [RunnerTimer(config, weights, r, m, device, cold=cold) for r in runners.values()]
                 try:
                     for name, timing in zip(names, time_interleaved(timers, repeat)):
-                        times[name][cold][m] = round(getattr(timing, STATISTIC[statistic]), 3)
+                        times[name][cold][m] = round(getattr(timing, statistic), 3)
                         if timing.note:
                             console.print(f"{name} M={m}: {timing.note}")
                 finally:
@@ -127,16 +124,16 @@ def record(args) -> int:
     document = {
         "table": str(path),
         "device": str(device),
-        "problem": _problem_dict(config),
+        "problem": problem_key(config),
         "rule": rule_name(),
-        "statistic": STATISTIC[statistic],
+        "statistic": statistic,
         "measurements": [m.as_dict() for m in measurements],
         "auto": {"backend": chosen[0].name, "why": chosen[0].why} if chosen else None,
     }
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
-    what = "median" if statistic == "time_us" else "fastest sample"
+    what = "median" if statistic == "median_us" else "fastest sample"
     _print_times(
         measurements, tokens, f"{config.quant_scheme} E={config.num_experts} k={config.top_k} on {device}, {what}"
     )
@@ -145,12 +142,6 @@ def record(args) -> int:
     if chosen:
         console.print(f"backend='auto' now binds [bold]{chosen[0].name}[/]: {chosen[0].why}")
     return 0
-
-
-def _problem_dict(config) -> dict:
-    from moe_core.selection_table import problem_key
-
-    return problem_key(config)
 
 
 def _print_times(measurements, tokens, title: str) -> None:
