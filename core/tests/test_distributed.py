@@ -29,68 +29,60 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, case: dict) -> None:
+def _in_gloo(rank: int, world: int, port: int, case: dict, body) -> None:
+    """A spawned rank: ``body(rank, case)`` inside a gloo group of ``world`` ranks (60 s collective timeout)."""
     import datetime
 
     import torch.distributed as dist
 
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        body(rank, case)
+    finally:
+        dist.destroy_process_group()
+
+
+def _replicated(rank: int, case: dict) -> None:
     from moe_core.distributed import ShardedRunner
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
-    try:
-        hidden = case["hidden"] + (32 if case.get("mismatch") and rank == 1 else 0)
-        cfg = MoeConfig(8, 2, hidden, 256, quant_scheme=case["scheme"], dtype=case["dtype"])
-        weights = random_weights(cfg, seed=3)  # the same full weights on every rank
-        x, ids, tw = random_inputs(cfg, 12, seed=4)
-        ids[:8] = torch.tensor([0, 1], dtype=torch.int32)  # skewed: most tokens to the first experts
-        ids[9, 1] = -1
-        sharded = ShardedRunner(cfg, weights, tp_size=case["tp"], ep_size=case["ep"], backend="torch")
-        out = sharded(x, ids, tw)
-        full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
-        err = relative_l2(out.float(), full.float())
-        assert out.dtype == cfg.dtype and err < case["tol"], f"rank {rank}: rel. L2 {err}"
-    finally:
-        dist.destroy_process_group()
+    hidden = case["hidden"] + (32 if case.get("mismatch") and rank == 1 else 0)
+    cfg = MoeConfig(8, 2, hidden, 256, quant_scheme=case["scheme"], dtype=case["dtype"])
+    weights = random_weights(cfg, seed=3)  # the same full weights on every rank
+    x, ids, tw = random_inputs(cfg, 12, seed=4)
+    ids[:8] = torch.tensor([0, 1], dtype=torch.int32)  # skewed: most tokens to the first experts
+    ids[9, 1] = -1
+    sharded = ShardedRunner(cfg, weights, tp_size=case["tp"], ep_size=case["ep"], backend="torch")
+    out = sharded(x, ids, tw)
+    full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
+    err = relative_l2(out.float(), full.float())
+    assert out.dtype == cfg.dtype and err < case["tol"], f"rank {rank}: rel. L2 {err}"
 
 
-def _spawn(case: dict, world: int, worker=None) -> None:
-    mp.spawn(worker or _worker, args=(world, _port(), case), nprocs=world, join=True)
+def _spawn(case: dict, world: int, body=None) -> None:
+    mp.spawn(_in_gloo, args=(world, _port(), case, body or _replicated), nprocs=world, join=True)
 
 
-def _a2a_worker(rank: int, world: int, port: int, case: dict) -> None:
+def _all_to_all(rank: int, case: dict) -> None:
     """Each rank brings its own slice of one global batch (sizes ``case["split"]``, zeros allowed)."""
-    import datetime
-
-    import torch.distributed as dist
-
     from moe_core.distributed import AllToAllRunner
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
-    try:
-        cfg = MoeConfig(8, 2, 128, 256, quant_scheme=case["scheme"], dtype=case["dtype"], has_bias=True)
-        weights = random_weights(cfg, seed=3)
-        split = case["split"]
-        x, ids, tw = random_inputs(cfg, sum(split), seed=4)
-        ids[: sum(split) // 2] = torch.tensor([7, 6], dtype=torch.int32)  # skewed to the last rank's experts
-        ids[1, 0] = -1
-        full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
-        lo = sum(split[:rank])
-        mine = slice(lo, lo + split[rank])
-        out = AllToAllRunner(cfg, weights, placement=case.get("placement"), backend="torch")(
-            x[mine], ids[mine], tw[mine]
-        )
-        assert out.shape == (split[rank], 128) and out.dtype == cfg.dtype
-        if split[rank]:
-            err = relative_l2(out.float(), full[mine].float())
-            assert err < case["tol"], f"rank {rank}: rel. L2 {err}"
-    finally:
-        dist.destroy_process_group()
+    cfg = MoeConfig(8, 2, 128, 256, quant_scheme=case["scheme"], dtype=case["dtype"], has_bias=True)
+    weights = random_weights(cfg, seed=3)
+    split = case["split"]
+    x, ids, tw = random_inputs(cfg, sum(split), seed=4)
+    ids[: sum(split) // 2] = torch.tensor([7, 6], dtype=torch.int32)  # skewed to the last rank's experts
+    ids[1, 0] = -1
+    full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
+    lo = sum(split[:rank])
+    mine = slice(lo, lo + split[rank])
+    out = AllToAllRunner(cfg, weights, placement=case.get("placement"), backend="torch")(x[mine], ids[mine], tw[mine])
+    assert out.shape == (split[rank], 128) and out.dtype == cfg.dtype
+    if split[rank]:
+        err = relative_l2(out.float(), full[mine].float())
+        assert err < case["tol"], f"rank {rank}: rel. L2 {err}"
 
 
 A2A = [
@@ -103,7 +95,7 @@ A2A = [
 @pytest.mark.parametrize("split,scheme,dtype,tol,placement", A2A, ids=["2-ranks", "4-ranks-one-empty", "4-ranks-bf16"])
 def test_all_to_all_equals_the_single_process_layer(split, scheme, dtype, tol, placement):
     case = dict(split=split, scheme=scheme, dtype=dtype, tol=tol, placement=placement)
-    _spawn(case, len(split), _a2a_worker)
+    _spawn(case, len(split), _all_to_all)
 
 
 CASES = [

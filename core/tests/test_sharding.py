@@ -12,7 +12,7 @@ import torch
 from moe_core import MoeConfig, MoeRunner
 from moe_core.errors import InvalidInputError
 from moe_core.quant import dequantize_weights
-from moe_core.sharding import check_placement, contiguous_placement, local_ids, shard_weights
+from moe_core.sharding import check_placement, contiguous_placement, local_id_table, local_ids, shard_weights
 from moe_core.synthetic import random_inputs, random_weights
 from moe_core.tolerances import relative_l2
 
@@ -32,7 +32,7 @@ def sharded_output(cfg, weights, x, ids, tw, tp, ep, placement=None):
                 cfg, weights, tp_rank=tp_rank, tp_size=tp, ep_rank=ep_rank, ep_size=ep, placement=placement
             )
             runner = MoeRunner(shard.config, shard.weights, backend="torch")
-            out += runner(x, local_ids(ids, shard.experts, E), tw).float()
+            out += runner(x, local_ids(ids, local_id_table(shard.experts, E)), tw).float()
     return out
 
 
@@ -98,8 +98,8 @@ def test_skewed_routing_minus_one_ids_and_a_given_placement():
 
 def test_local_ids_and_placements():
     ids = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=torch.int32)
-    assert local_ids(ids, (4, 5, 6, 7), 8).tolist() == [[-1, 1], [3, -1], [-1, 0]]
-    assert local_ids(ids, (3, 0), 8).tolist() == [[1, -1], [-1, -1], [0, -1]]
+    assert local_ids(ids, local_id_table((4, 5, 6, 7), 8)).tolist() == [[-1, 1], [3, -1], [-1, 0]]
+    assert local_ids(ids, local_id_table((3, 0), 8)).tolist() == [[1, -1], [-1, -1], [0, -1]]
     assert contiguous_placement(8, 3) == [(0, 1, 2), (3, 4, 5), (6, 7)]
     shard = shard_weights(config(), random_weights(config()), ep_rank=2, ep_size=3)
     assert shard.experts == (6, 7) and shard.config.num_experts == 2 and shard.config.intermediate_size == I

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from moe_core.config import MoeConfig
 from moe_core.errors import InvalidInputError
 from moe_core.runner import MoeRunner
-from moe_core.sharding import Shard, local_ids, shard_weights
+from moe_core.sharding import Shard, local_id_table, local_ids, shard_weights
 from moe_core.weights import MoeWeights
 
 
@@ -56,10 +56,7 @@ class ShardedRunner:
         backend: str | type = "auto",
         group=None,
     ) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise InvalidInputError("ShardedRunner needs an initialised torch.distributed process group")
-        world = dist.get_world_size(group)
-        rank = dist.get_rank(group)
+        world, rank = _group("ShardedRunner", group)
         if ep_size is None:
             ep_size = world // tp_size if tp_size and world % tp_size == 0 else 0
         if tp_size * ep_size != world:
@@ -72,9 +69,10 @@ class ShardedRunner:
         )  # fmt: skip
         self.config = config
         self.runner = MoeRunner(self.shard.config, self.shard.weights, backend=backend)
+        self._table = local_id_table(self.shard.experts, config.num_experts, weights.w13.device)
 
     def __call__(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
-        ids = local_ids(topk_ids, self.shard.experts, self.config.num_experts)
+        ids = local_ids(topk_ids, self._table)
         partial = self.runner(hidden_states, ids, topk_weights).float()
         dist.all_reduce(partial, group=self.group)
         return partial.to(self.config.dtype)
@@ -97,9 +95,7 @@ class AllToAllRunner:
         backend: str | type = "auto",
         group=None,
     ) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise InvalidInputError("AllToAllRunner needs an initialised torch.distributed process group")
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        world, rank = _group("AllToAllRunner", group)
         self.group, self.config, self.world = group, config, world
         _same_everywhere(f"{config!r} a2a ep={world} placement={placement}", rank, world, group)
         # a received pair is one token routed to one local expert: top-1 on this rank's experts
@@ -151,6 +147,13 @@ def _placement(num_experts: int, world: int, placement):
     from moe_core.sharding import check_placement, contiguous_placement
 
     return contiguous_placement(num_experts, world) if placement is None else check_placement(placement, num_experts)
+
+
+def _group(who: str, group) -> tuple[int, int]:
+    """(size, this rank) of ``group``, which must be initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidInputError(f"{who} needs an initialised torch.distributed process group")
+    return dist.get_world_size(group), dist.get_rank(group)
 
 
 def _same_everywhere(description: str, rank: int, world: int, group) -> None:

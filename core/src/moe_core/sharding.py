@@ -6,7 +6,8 @@ Tensor parallelism (``tp_size``) splits every expert's intermediate size ``I``: 
 all-reduce) are the layer's. ``b2`` is added once: rank 0 keeps it, the others hold zeros. Expert
 parallelism (``ep_size``) splits the experts: a rank holds the experts of its placement (contiguous ranges by
 default, or any map that gives every expert to exactly one rank), in that order, and sees every other
-expert's id as ``-1`` (``local_ids``), which contributes zero on every backend (the expert-id contract).
+expert's id as ``-1`` (``local_id_table``, ``local_ids``), which contributes zero on every backend (the
+expert-id contract).
 Both combine: rank ``(tp_rank, ep_rank)`` holds its experts' ``I`` slice.
 
 Quantized schemes shard their stored bytes and scales as they are — nothing is requantized, so a shard
@@ -146,15 +147,20 @@ def shard_weights(
     return Shard(local, sharded, tuple(experts), tp_rank, tp_size, ep_rank, ep_size)
 
 
-def local_ids(topk_ids: torch.Tensor, experts: Sequence[int], num_experts: int) -> torch.Tensor:
-    """Global expert ids ``[M, k]`` -> this rank's local ids (its ``experts`` in order), ``-1`` for experts held
-    elsewhere and for ids that already were ``-1``; int32."""
-    table = torch.full((num_experts + 1,), -1, dtype=torch.int32, device=topk_ids.device)
-    table[torch.tensor(list(experts), dtype=torch.long, device=topk_ids.device)] = torch.arange(
-        len(experts), dtype=torch.int32, device=topk_ids.device
+def local_id_table(experts: Sequence[int], num_experts: int, device=None) -> torch.Tensor:
+    """int32 ``[E + 1]``: a global expert id's local id on the rank holding ``experts`` (in order), ``-1``
+    elsewhere; the last entry (for id ``-1``) is ``-1``. Built once per rank, read by ``local_ids``."""
+    table = torch.full((num_experts + 1,), -1, dtype=torch.int32, device=device)
+    table[torch.tensor(list(experts), dtype=torch.long, device=device)] = torch.arange(
+        len(experts), dtype=torch.int32, device=device
     )
+    return table
+
+
+def local_ids(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Global expert ids ``[M, k]`` -> local ids through ``local_id_table`` (``-1`` stays ``-1``); int32."""
     ids = topk_ids.long()
-    return table[torch.where(ids < 0, num_experts, ids)]
+    return table[torch.where(ids < 0, table.shape[0] - 1, ids)]
 
 
 def check_grid(config: MoeConfig, tp_size: int, ep_size: int) -> None:
