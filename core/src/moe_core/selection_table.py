@@ -28,6 +28,7 @@ measured one, by priority.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -127,13 +128,31 @@ class Measurement:
 # --- the file ---------------------------------------------------------------------------------------------------
 
 
+#: path -> ((mtime_ns, size), records): every runner built with backend="auto" consults the table, and a model
+#: builds one per layer; the file is read and parsed again only when it changed (an unreadable one warns once)
+_READ: dict[Path, tuple[tuple[int, int], list[dict]]] = {}
+
+
 def load(path: Path | None = None) -> list[dict]:
-    """The records of the table (``[]`` where there is no file); an unreadable one is warned about and ignored."""
+    """The records of the table (``[]`` where there is no file), a copy the caller may change; an unreadable
+    file is warned about and ignored."""
     path = path or table_path()
     try:
-        text = path.read_text()
+        stat = path.stat()
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        _warn(f"cannot read {path}: {exc}; backend='auto' ignores it")
+        return []
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    if path not in _READ or _READ[path][0] != stamp:
+        _READ[path] = (stamp, _parse(path))
+    return copy.deepcopy(_READ[path][1])
+
+
+def _parse(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
     except OSError as exc:
         _warn(f"cannot read {path}: {exc}; backend='auto' ignores it")
         return []
