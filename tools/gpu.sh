@@ -23,6 +23,9 @@ each under `timeout` (its default limit below, or SECONDS after @). Words after 
 names are that step's arguments. A failing or cut step does not stop the later ones; exit status 1 when any
 step failed, timed out or was left out for lack of time, 2 for a usage error.
 
+A step named install does nothing but what every run does first: install (every package) and record
+the machine, so that later `--no-install` runs, side by side, need not.
+
 Always written:
   $OUT/machine.txt   date (UTC), the command, git commit of this tree (MOE_GPU_COMMIT overrides: the device
                      copy's .git can be stale) and how many paths differ from it, GPU name/driver/memory
@@ -50,9 +53,10 @@ Steps (default limit in seconds):
                        layers, real shapes): patch_model with triton (and mxfp4 for gpt-oss) against
                        transformers' eager, grouped_mm and batched_mm -> transformers-<family>.json (needs the
                        transformers wheels in .whl/)
-  select [ARGS]        (540)  `moe select record --cold` (hot and cold times) on the four bf16 model presets for triton,
-                       torch_grouped and torch, and on gpt-oss-120b mxfp4 for triton (flashinfer_mxfp4 too
-                       where its slim module is built), into MOE_SELECTION_DIR=$OUT/selection; then
+  select [bf16] [mxfp4] [ARGS]  (540)  `moe select record --cold` (hot and cold times) on the four bf16 model
+                       presets for triton, torch_grouped and torch (part bf16), and on gpt-oss-120b mxfp4 for
+                       triton and flashinfer_mxfp4 where its slim module is built or carried in .slim/ (part
+                       mxfp4; both parts when none is named), into MOE_SELECTION_DIR=$OUT/selection; then
                        `moe backends --explain --json` per problem -> select-<preset>-<scheme>.json,
                        explain-<preset>-<scheme>.json, selection/table.json (ARGS go to every record)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
@@ -101,6 +105,7 @@ default_limit() {
   case "$1" in
     tests | check | bench) echo 420 ;;
     door-cost) echo 240 ;;
+    install) echo 30 ;;
     transformers) echo 420 ;;
     overhead) echo 180 ;;
     select) echo 540 ;;
@@ -112,7 +117,7 @@ default_limit() {
 packages_for() {  # the folders a step needs installed
   local d
   case "$1" in
-    tests | check)
+    tests | check | install)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
     bench | door-cost | transformers | overhead) echo core plugins/triton-moe ;;
@@ -198,14 +203,28 @@ step_door_cost() {
 }
 
 step_select() {
-  local status=0 preset backends
+  local status=0 preset backends parts=()
+  while [ $# -gt 0 ] && [[ $1 == bf16 || $1 == mxfp4 ]]; do parts+=("$1"); shift; done
+  [ ${#parts[@]} -gt 0 ] || parts=(bf16 mxfp4)
   export MOE_SELECTION_DIR="$OUT/selection"
-  for preset in mixtral-8x7b qwen3-30b-a3b deepseek-v3-tp8 gpt-oss-120b; do
-    "$PY" -m moe_core.cli select record --preset "$preset" --backend triton --backend torch_grouped --backend torch \
-      --cold --json "$@" > "$OUT/select-$preset-bf16.json" || status=1
-    "$PY" -m moe_core.cli backends --explain --preset "$preset" --json > "$OUT/explain-$preset-bf16.json" || status=1
-  done
-  backends=(--backend triton)
+  if [[ " ${parts[*]} " == *" bf16 "* ]]; then
+    for preset in mixtral-8x7b qwen3-30b-a3b deepseek-v3-tp8 gpt-oss-120b; do
+      "$PY" -m moe_core.cli select record --preset "$preset" --backend triton --backend torch_grouped \
+        --backend torch --cold --json "$@" > "$OUT/select-$preset-bf16.json" || status=1
+      "$PY" -m moe_core.cli backends --explain --preset "$preset" --json > "$OUT/explain-$preset-bf16.json" \
+        || status=1
+    done
+  fi
+  if [[ " ${parts[*]} " == *" mxfp4 "* ]]; then
+    step_select_mxfp4 "$@" || status=1
+  fi
+  "$PY" -m moe_core.cli select show
+  return $status
+}
+
+step_select_mxfp4() {
+  local status=0 backends=(--backend triton)
+  gpu_slim_in_place && echo "slim FlashInfer library in place"
   "$PY" -m moe_core.cli backends --explain --preset gpt-oss-120b --scheme mxfp4 --json > "$OUT/explain-before.json"
   "$PY" -c 'import json, sys; rows = json.load(open(sys.argv[1]))["backends"]
 sys.exit(not any(r["name"].endswith(":flashinfer_mxfp4") and r["automatic"] for r in rows))' "$OUT/explain-before.json" \
@@ -214,7 +233,6 @@ sys.exit(not any(r["name"].endswith(":flashinfer_mxfp4") and r["automatic"] for 
     > "$OUT/select-gpt-oss-120b-mxfp4.json" || status=1
   "$PY" -m moe_core.cli backends --explain --preset gpt-oss-120b --scheme mxfp4 --json \
     > "$OUT/explain-gpt-oss-120b-mxfp4.json" || status=1
-  "$PY" -m moe_core.cli select show
   return $status
 }
 
@@ -237,6 +255,7 @@ if [ "${1:-}" = --run-step ]; then
     transformers) step_transformers "$@" ;;
     overhead) "$PY" tools/layer_overhead.py --json "$OUT/overhead.json" "$@" ;;
     select) step_select "$@" ;;
+    install) echo "installed: $(cat "$(dirname "$OUT")/install.txt" 2>/dev/null | tail -n 1)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   exit $?
@@ -250,7 +269,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead | select) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select | install) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;

@@ -13,6 +13,8 @@
 #   gpu_install_wheels     .whl/*.whl -> $SITE (pip --target); gpu_install_editable FOLDER...: pip -e
 #   gpu_versions           GPU, nvcc, python/torch/CUDA/triton/capability, the moe packages and flashinfer
 #   gpu_summarize_check FILE   one line for a `moe check --json` file, and its failed cases
+#   gpu_slim_in_place      the slim FlashInfer library where moe-flashinfer-mxfp4 looks for it: built here, or
+#                          copied from a carried .slim/*.so (an earlier slim-build's file); exit 1 when neither
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -105,4 +107,15 @@ for c in d["cases"]:
     if c["status"] == "failed":
         print("  FAILED", c["kind"], c["id"], c["reason"][:300])
 PY
+}
+
+gpu_slim_in_place() {  # FLASHINFER_WORKSPACE_BASE decides where the library is looked for: one default for all
+  export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}
+  local lib
+  lib=$("$PY" -c "from moe_flashinfer_mxfp4.slim.build import library_path; print(library_path())" 2>/dev/null) \
+    || return 1
+  if [ ! -f "$lib" ] && ls .slim/*.so > /dev/null 2>&1; then
+    mkdir -p "$(dirname "$lib")" && cp .slim/*.so "$lib" && echo "using the carried slim library -> $lib"
+  fi
+  [ -f "$lib" ]
 }

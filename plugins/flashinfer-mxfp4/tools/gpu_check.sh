@@ -38,7 +38,7 @@ HELP
 }
 STEPS="check build conformance slim-build slim-run"
 gpu_plugin_args "$@"
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}   # JIT cache: ~/.cache/flashinfer moved
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-workspace}   # JIT cache (gpu_slim_in_place: same default)
 export MAX_JOBS=${MAX_JOBS:-16}
 PLUGIN=plugins/flashinfer-mxfp4
 gpu_plugin_setup "$PLUGIN" wheels gpu.txt  # the .whl/ wheels, core and the plugin; versions -> gpu.txt
@@ -123,11 +123,7 @@ slim_build() {
 }
 
 slim_run() {
-  local lib; lib=$(slim_library)
-  if [ ! -f "$lib" ] && ls .slim/*.so >/dev/null 2>&1; then
-    mkdir -p "$(dirname "$lib")" && cp .slim/*.so "$lib" && echo "using the carried slim library -> $lib"
-  fi
-  [ -f "$lib" ] || { echo "slim-run skipped: no slim library at $lib"; return 0; }
+  gpu_slim_in_place || { echo "slim-run skipped: no slim library at $(slim_library)"; return 0; }
   export MOE_FLASHINFER_MXFP4_SM90_MODULE=slim FLASHINFER_DISABLE_JIT=1
   python3 -m pytest "$PLUGIN/tests/test_mxfp4_conformance.py" -q -rs -p no:cacheprovider 2>&1 | tail -15 \
     | tee "$OUT/pytest-conformance-slim.txt" || fail "conformance tests (slim)"
