@@ -59,6 +59,11 @@ Steps (default limit in seconds):
                        mxfp4; both parts when none is named), into MOE_SELECTION_DIR=$OUT/selection; then
                        `moe backends --explain --json` per problem -> select-<preset>-<scheme>.json,
                        explain-<preset>-<scheme>.json, selection/table.json (ARGS go to every record)
+  sglang [ARGS]        (300)  integrations/sglang/tools/gpu_bench.py: SGLang MoE layers with real shapes (Qwen3-30B-A3B
+                       bf16, gpt-oss-120b mxfp4) under SGLang's own runner and --moe-runner-backend moe:<backend>,
+                       eager and graph times and error against moe's reference -> sglang.json. SGLang comes from
+                       .sgl/: sglang-src.tar.xz (the sglang 0.5.23 wheel's Python files and metadata; its cp311
+                       Rust extensions left out, the layer needs none) and .sgl/*.whl, installed into $SITE-sglang
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
                        M=1 and of its parts (router, runner, checks, apply) against transformers'
                        grouped_mm block -> overhead.json (transformers wheels in .whl/)
@@ -108,6 +113,7 @@ default_limit() {
     install) echo 30 ;;
     transformers) echo 420 ;;
     overhead) echo 180 ;;
+    sglang) echo 300 ;;
     select) echo 540 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
@@ -121,6 +127,7 @@ packages_for() {  # the folders a step needs installed
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
     bench | door-cost | transformers | overhead) echo core plugins/triton-moe ;;
+    sglang) echo core plugins/triton-moe plugins/flashinfer-mxfp4 integrations/sglang ;;
     select) echo core plugins/triton-moe plugins/flashinfer-mxfp4 examples/moe-torch-grouped ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
     *:*) echo core "$(dirname "$(dirname "$(plugin_script "${1%%:*}")")")" ;;
@@ -236,6 +243,20 @@ sys.exit(not any(r["name"].endswith(":flashinfer_mxfp4") and r["automatic"] for 
   return $status
 }
 
+step_sglang() {  # SGLang from .sgl/ into its own target, ahead of $SITE (one version of each package there)
+  local site=$SITE-sglang
+  if [ -f .sgl/sglang-src.tar.xz ]; then
+    mkdir -p "$site" && tar -xJf .sgl/sglang-src.tar.xz -C "$site" || return 1
+    if ls .sgl/*.whl > /dev/null 2>&1; then
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .sgl/*.whl \
+        || return 1
+    fi
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  gpu_slim_in_place && echo "slim FlashInfer library in place"
+  "$PY" integrations/sglang/tools/gpu_bench.py --json "$OUT/sglang.json" "$@"
+}
+
 step_transformers() {
   local status=0
   "$PY" tools/transformers_bench.py --family qwen3-30b-a3b --json "$OUT/transformers-qwen3-30b-a3b.json" "$@" \
@@ -255,6 +276,7 @@ if [ "${1:-}" = --run-step ]; then
     transformers) step_transformers "$@" ;;
     overhead) "$PY" tools/layer_overhead.py --json "$OUT/overhead.json" "$@" ;;
     select) step_select "$@" ;;
+    sglang) step_sglang "$@" ;;
     install) echo "installed: $(cat "$(dirname "$OUT")/install.txt" 2>/dev/null | tail -n 1)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
@@ -269,7 +291,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead | select | install) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select | sglang | install) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;

@@ -80,6 +80,7 @@ class ForwardGraphs:
                 return graph.replay(x)
             self.graphs.clear()  # a parameter or buffer was replaced (not updated in place): capture anew
             self._seen.clear()
+            self._pool = None  # freed with its last graph: a capture into its handle trips the allocator
         if m not in self._seen or len(self.graphs) >= MAX_GRAPHS:
             self._seen.add(m)
             return forward(x)

@@ -49,6 +49,14 @@ def publish(moe_runner_backend: str = "auto", port: int = 29600, **server_args) 
     initialize_moe_config()
 
 
+def use_runner_backend(name: str) -> None:
+    """Switch ``--moe-runner-backend`` for layers built from now on, in a process ``publish`` set up (publishing
+    again would reset the parallel groups its first call built)."""
+    from sglang.srt.layers.moe.utils import get_flags, resolve_moe_runner_backend
+
+    get_flags().moe.runner_backend = resolve_moe_runner_backend(name)
+
+
 def fused_moe(e: int, h: int, i: int, top_k: int, dtype: torch.dtype, layer_id: int = 0, **kwargs):
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
