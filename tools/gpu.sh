@@ -49,12 +49,14 @@ Steps (default limit in seconds):
                        -> bench-triton-mxfp4.json. BENCH ARGS (e.g. --tokens 1,8,64) go to every run
   door-cost [ARGS]     (240)  tools/gpu_door_cost.py: host cost of the runner's checks, GPU cost of the id
                        mask, bad expert ids through triton -> door-cost.json (ARGS e.g. --parts mask)
-  transformers [ARGS]  (420)  tools/transformers_bench.py for qwen3-30b-a3b and gpt-oss-120b (2 decoder
+  transformers [FAMILY ...] [ARGS]  (420)  tools/transformers_bench.py for qwen3-30b-a3b and gpt-oss-120b (or the
+                       FAMILY ones named; 2 decoder
                        layers, real shapes): patch_model with triton (and mxfp4 for gpt-oss) against
                        transformers' eager, grouped_mm and batched_mm -> transformers-<family>.json (needs the
                        transformers wheels in .whl/)
-  select [bf16] [mxfp4] [ARGS]  (540)  `moe select record --cold` (hot and cold times) on the four bf16 model
-                       presets for triton, torch_grouped and torch (part bf16), and on gpt-oss-120b mxfp4 for
+  select [bf16] [mxfp4] [PRESET ...] [ARGS]  (540)  `moe select record --cold` (hot and cold times) on the four
+                       bf16 model presets (or the PRESET ones) for triton, torch_grouped (not gpt-oss:
+                       silu only) and torch (part bf16), and on gpt-oss-120b mxfp4 for
                        triton and flashinfer_mxfp4 where its slim module is built or carried in .slim/ (part
                        mxfp4; both parts when none is named), into MOE_SELECTION_DIR=$OUT/selection; then
                        `moe backends --explain --json` per problem -> select-<preset>-<scheme>.json,
@@ -209,15 +211,22 @@ step_door_cost() {
   "$PY" tools/gpu_door_cost.py --output "$OUT/door-cost.json" "$@"
 }
 
+MODEL_PRESETS="mixtral-8x7b qwen3-30b-a3b deepseek-v3-tp8 gpt-oss-120b"
+
 step_select() {
   local status=0 preset backends parts=()
   while [ $# -gt 0 ] && [[ $1 == bf16 || $1 == mxfp4 ]]; do parts+=("$1"); shift; done
   [ ${#parts[@]} -gt 0 ] || parts=(bf16 mxfp4)
   export MOE_SELECTION_DIR="$OUT/selection"
+  local presets=()
+  while [ $# -gt 0 ] && [[ " $MODEL_PRESETS " == *" $1 "* ]]; do presets+=("$1"); shift; done
+  [ ${#presets[@]} -gt 0 ] || read -r -a presets <<< "$MODEL_PRESETS"
   if [[ " ${parts[*]} " == *" bf16 "* ]]; then
-    for preset in mixtral-8x7b qwen3-30b-a3b deepseek-v3-tp8 gpt-oss-120b; do
-      "$PY" -m moe_core.cli select record --preset "$preset" --backend triton --backend torch_grouped \
-        --backend torch --cold --json "$@" > "$OUT/select-$preset-bf16.json" || status=1
+    for preset in "${presets[@]}"; do
+      backends=(--backend triton --backend torch)
+      [ "$preset" = gpt-oss-120b ] || backends+=(--backend torch_grouped)  # silu only: not gpt-oss's swiglu_oai
+      "$PY" -m moe_core.cli select record --preset "$preset" "${backends[@]}" --cold --json "$@" \
+        > "$OUT/select-$preset-bf16.json" || status=1
       "$PY" -m moe_core.cli backends --explain --preset "$preset" --json > "$OUT/explain-$preset-bf16.json" \
         || status=1
     done
@@ -258,11 +267,18 @@ step_sglang() {  # SGLang from .sgl/ into its own target, ahead of $SITE (one ve
 }
 
 step_transformers() {
-  local status=0
-  "$PY" tools/transformers_bench.py --family qwen3-30b-a3b --json "$OUT/transformers-qwen3-30b-a3b.json" "$@" \
-    || status=1
-  "$PY" tools/transformers_bench.py --family gpt-oss-120b --impls eager,grouped_mm,batched_mm,moe:triton,moe:triton:mxfp4 \
-    --json "$OUT/transformers-gpt-oss-120b.json" "$@" || status=1
+  local status=0 families=()
+  while [ $# -gt 0 ] && [[ $1 == qwen3-30b-a3b || $1 == gpt-oss-120b ]]; do families+=("$1"); shift; done
+  [ ${#families[@]} -gt 0 ] || families=(qwen3-30b-a3b gpt-oss-120b)
+  if [[ " ${families[*]} " == *" qwen3-30b-a3b "* ]]; then
+    "$PY" tools/transformers_bench.py --family qwen3-30b-a3b --json "$OUT/transformers-qwen3-30b-a3b.json" "$@" \
+      || status=1
+  fi
+  if [[ " ${families[*]} " == *" gpt-oss-120b "* ]]; then
+    "$PY" tools/transformers_bench.py --family gpt-oss-120b \
+      --impls eager,grouped_mm,batched_mm,moe:triton,moe:triton:mxfp4 --json "$OUT/transformers-gpt-oss-120b.json" \
+      "$@" || status=1
+  fi
   return $status
 }
 
