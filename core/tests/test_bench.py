@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from moe_core.bench_rows import BenchRow
 from moe_core.cli import main
 from moe_core.cli.bench import plot_series
-from moe_core.timing import BenchRow
 
 #: a stand-in backend doing the torch reference's whole forward three times: clearly slower, same result
 TRIPLE = """

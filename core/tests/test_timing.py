@@ -8,19 +8,17 @@ import pytest
 import torch
 from dense_op import DenseOp
 
-from moe_core import MoeConfig, MoeRunner, timing
+from moe_core import MoeConfig, MoeRunner, bench_rows, timing
 from moe_core.backends.torch.fused_op import TorchFusedOp
+from moe_core.bench_rows import BenchRow, mark_fastest, measure_ceilings
 from moe_core.synthetic import random_weights
 from moe_core.timing import (
     CPU_CACHE_BYTES,
-    BenchRow,
     RunnerTimer,
     Timing,
     cache_size,
     cold_copies,
     expert_bytes,
-    mark_fastest,
-    measure_ceilings,
     time_forward,
     time_interleaved,
     time_runner,
@@ -81,7 +79,7 @@ def test_two_backends_of_clearly_different_cost_rank_the_same_in_two_runs():
     weights = random_weights(config)
     fast = MoeRunner(config, weights, backend="torch")
     slow = MoeRunner(config, weights, backend=TripleTorch)
-    assert timing.rank_by("cpu") == "min_us" and timing.rank_by("cuda") == "time_us"
+    assert bench_rows.rank_by("cpu") == "min_us" and bench_rows.rank_by("cuda") == "time_us"
     for _ in range(2):
         timers = [RunnerTimer(config, weights, r, 16, "cpu") for r in (slow, fast)]
         slow_t, fast_t = time_interleaved(timers, 15)

@@ -39,7 +39,7 @@ from transformers.integrations import mxfp4 as hf_mxfp4  # noqa: E402
 
 from moe_core.errors import InvalidInputError  # noqa: E402
 from moe_core.integrations.transformers import find_moe_blocks, from_hf_block, patch_model  # noqa: E402
-from moe_core.integrations.transformers.experts import read_mxfp4_experts  # noqa: E402
+from moe_core.integrations.transformers.mxfp4_checkpoint import read_mxfp4_experts  # noqa: E402
 from moe_core.integrations.transformers.patch import PatchedMoeBlock  # noqa: E402
 from moe_core.quant import dequantize_mxfp4, quantize_weights  # noqa: E402
 from moe_core.weights import MoeWeights  # noqa: E402

@@ -10,7 +10,7 @@ this machine, never inside a package.
 
 **Key.** A record holds the device (name and compute capability), the torch version, the problem (scheme,
 activation, dtype, E, k, H, I, bias) and, per backend, its distribution and version, the token counts and
-the µs at each (the median on a GPU, the fastest sample on a CPU: ``moe_core.timing.rank_by``), ``hot``
+the µs at each (the median on a GPU, the fastest sample on a CPU: ``moe_core.bench_rows.rank_by``), ``hot``
 (the same weights every call) and, where measured, ``cold`` (weights rotated past the GPU's L2, as in a
 model of many layers). A record applies only when all of that matches what is installed now; one whose
 torch or backend version changed is *stale*: ignored with a warning (record it again). An unreadable file is

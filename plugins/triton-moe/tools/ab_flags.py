@@ -52,9 +52,9 @@ def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, 
     import torch
 
     from moe_core import MoeRunner
+    from moe_core.bench_rows import bench_row
     from moe_core.presets import PRESETS
     from moe_core.synthetic import random_weights
-    from moe_core.timing import bench_row
     from moe_triton import switches
 
     config = PRESETS[preset].config(scheme, dtype or torch.bfloat16)
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("ab_flags times the forward on a CUDA GPU; none is available", file=sys.stderr)
         return 1
-    from moe_core.timing import measure_ceilings
+    from moe_core.bench_rows import measure_ceilings
 
     device = torch.device("cuda")
     tokens = [int(t) for t in args.tokens.split(",")]

@@ -5,7 +5,8 @@ backends are sampled in turn (``time_interleaved``), ``--repeat`` samples each, 
 of about a millisecond (CUDA-graph replays where the backend can be captured). ``--cold`` rotates through
 copies of the weights so they are read from memory, not the GPU's L2.
 
-The JSON document (``--json``, ``--output``) is stable: fields are added, not renamed.
+The JSON document (``--json``, ``--output``) is stable: fields are added, not renamed. (Longer than 400 lines on
+purpose: that document's field list, below, stays beside the code that writes it.)
 
 - top level: ``date``; ``device`` (the GPU's name, or ``cpu``); ``processor`` (a CPU's model name, else
   null); ``torch``, ``cuda``, ``triton`` (version or null), ``python``; ``threads``
@@ -13,10 +14,10 @@ The JSON document (``--json``, ``--output``) is stable: fields are added, not re
   installed); ``backends`` (each row's ``backend`` -> ``{"name", "distribution", "version"}`` of the runner
   that ran it); ``copy_bandwidth_gb_s`` and ``matmul_tflops`` (measured ceilings, null on a CPU);
   ``roofline`` (how the floor is computed, or why there is none); ``rank_by`` (the row field ``vs_fastest``
-  compares: ``time_us``, the median, on a GPU, ``min_us`` on a CPU: ``moe_core.timing.rank_by``);
+  compares: ``time_us``, the median, on a GPU, ``min_us`` on a CPU: ``moe_core.bench_rows.rank_by``);
   ``cache_bytes`` and ``cache`` (what cold mode must defeat, and where that number comes from); ``options``
   (what was asked for); ``rows``.
-- a row (``moe_core.timing.BenchRow``): ``preset``, ``backend``, ``distribution``, ``scheme``, ``tokens``,
+- a row (``moe_core.bench_rows.BenchRow``): ``preset``, ``backend``, ``distribution``, ``scheme``, ``tokens``,
   ``weights`` (``hot``/``cold``), ``weight_copies``, ``time_us`` (the median), ``min_us``, ``p90_us``,
   ``samples``, ``calls_per_sample``, ``timing`` (``cuda-graph``, ``cuda-events``, ``cpu``), ``experts_hit``,
   ``bytes_moved``, ``reuse_bytes``, ``flops``, ``achieved_gb_s``, ``floor_us`` and ``roofline_fraction``
@@ -192,18 +193,10 @@ def bench(
     from rich.console import Console
     from rich.progress import Progress
 
+    from moe_core.bench_rows import make_row, mark_fastest, measure_ceilings, rank_by
     from moe_core.runner import MoeRunner
     from moe_core.synthetic import random_weights
-    from moe_core.timing import (
-        MAX_COPIES,
-        RunnerTimer,
-        cache_size,
-        make_row,
-        mark_fastest,
-        measure_ceilings,
-        rank_by,
-        time_interleaved,
-    )
+    from moe_core.timing import MAX_COPIES, RunnerTimer, cache_size, time_interleaved
 
     on_gpu = device.type == "cuda"
     presets = presets or list(MODEL_PRESETS if on_gpu else TOY_PRESETS)

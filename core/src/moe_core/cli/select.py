@@ -44,7 +44,7 @@ def register(sub) -> None:
         type=int,
         default=None,
         help="timed samples per backend and token count (default 20 on a GPU, 50 on a CPU), backends sampled in "
-        "turn; the median is stored on a GPU, the fastest sample on a CPU (moe_core.timing.rank_by)",
+        "turn; the median is stored on a GPU, the fastest sample on a CPU (moe_core.bench_rows.rank_by)",
     )
     rec.add_argument(
         "--cold",
@@ -67,6 +67,7 @@ def record(args) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
+    from moe_core.bench_rows import rank_field
     from moe_core.config import MoeProblem
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
@@ -74,7 +75,7 @@ def record(args) -> int:
     from moe_core.selection_table import Measurement, problem_key, rule_name
     from moe_core.selection_table import record as store
     from moe_core.synthetic import random_weights
-    from moe_core.timing import RunnerTimer, rank_field, time_interleaved
+    from moe_core.timing import RunnerTimer, time_interleaved
 
     device = resolve_device(args)
     tokens = args.tokens or token_counts("1,8,64,512,4096" if device.type == "cuda" else "1,16,64")

@@ -17,12 +17,8 @@ import torch
 from moe_core import routing
 from moe_core.config import MoeConfig
 from moe_core.errors import InvalidInputError
-from moe_core.integrations.transformers.experts import (
-    first_attr,
-    holds_mxfp4_checkpoint,
-    read_mxfp4_experts,
-    require_attr,
-)
+from moe_core.integrations.transformers.experts import first_attr, require_attr
+from moe_core.integrations.transformers.mxfp4_checkpoint import holds_mxfp4_checkpoint, read_mxfp4_experts
 from moe_core.integrations.transformers.routed_grouped import from_deepseek_v2, from_deepseek_v3, from_mistral4
 from moe_core.integrations.transformers.routed_sigmoid import (
     from_dots3_note_vision,
@@ -135,7 +131,7 @@ def from_gpt_oss_mxfp4(block, dtype: torch.dtype = torch.float32) -> HFMoe:
     Blocks: transformers 5.24's ``Mxfp4GptOssMLP`` (what ``from_pretrained`` of an MXFP4 gpt-oss checkpoint with
     ``Mxfp4Config(dequantize=False)`` puts in place of ``GptOssMLP``), or a ``GptOssMLP`` whose ``experts`` is an
     ``Mxfp4GptOssExperts`` (transformers 4.55-4.57 swapped only the experts). The weights are the checkpoint's
-    bytes and scales, de-interleaved into canonical order (``experts.read_mxfp4_experts``), with the biases in
+    bytes and scales, de-interleaved into canonical order (``mxfp4_checkpoint.read_mxfp4_experts``), with the biases in
     ``dtype`` — the activation dtype, ``config.dtype`` (``patch_model`` passes the router's dtype: the module's
     biases are float32 whatever the model's dtype). Routing as ``from_gpt_oss``: top-k of the biased router
     logits, softmax over the k. Activation ``swiglu_oai`` with the experts' ``alpha`` / ``limit``: *not probed*
