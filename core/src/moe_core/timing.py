@@ -451,29 +451,13 @@ def time_runner(
     device: torch.device | str | None = None,
     repeat: int = 20,
     cold: bool = False,
-    *,
-    use_graph: bool = True,
-    seed: int = 1,
-    warmup: int = 3,
-    cache_bytes: int | None = None,
-    max_copies: int = MAX_COPIES,
+    **options,
 ) -> Timing:
     """Time ``runner`` (a ``MoeRunner`` over ``weights``) on ``tokens`` random tokens: ``repeat`` samples after
-    warm-up, hot or ``cold`` weights, CUDA graphs where the backend allows and ``use_graph``. ``device``
-    defaults to the runner's. See the module docstring for what a sample is."""
-    with RunnerTimer(
-        config,
-        weights,
-        runner,
-        tokens,
-        device,
-        cold=cold,
-        use_graph=use_graph,
-        seed=seed,
-        warmup=warmup,
-        cache_bytes=cache_bytes,
-        max_copies=max_copies,
-    ) as timer:
+    warm-up, hot or ``cold`` weights; ``options`` are ``RunnerTimer``'s (``use_graph``, ``seed``, ``warmup``,
+    ``cache_bytes``, ``max_copies``). ``device`` defaults to the runner's. See the module docstring for what a
+    sample is."""
+    with RunnerTimer(config, weights, runner, tokens, device, cold=cold, **options) as timer:
         for _ in range(repeat):
             timer.sample()
         return timer.timing()
