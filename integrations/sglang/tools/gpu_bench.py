@@ -120,6 +120,53 @@ def _routing(m: int, e: int, k: int, seed: int, device: torch.device):
     return StandardTopKOutput(weights.float(), ids.to(torch.int32), logits)
 
 
+class _Missing:
+    """A name of the ``sgl_kernel`` stand-in: its attributes are stand-ins too (module-level constants such as
+    ``scalar_types.uint4b8`` resolve), calling it raises."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Missing(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} is the --stub-sgl-kernel stand-in: SGLang called it")
+
+
+class _StandIn:
+    """``--stub-sgl-kernel``: every ``sgl_kernel`` module imports and every name in it resolves, but calling one
+    raises. SGLang 0.5.23 imports ``sgl_kernel`` at module level on CUDA (its quantization package) even where a
+    layer never calls it; with the stand-in, what a layer really calls fails loudly and is recorded, and what it
+    does not call no longer blocks the import. A measurement aid, never a way to run SGLang."""
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.machinery
+
+        if name == "sgl_kernel" or name.startswith("sgl_kernel."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        import types
+
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+
+        def missing(attr: str):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return _Missing(f"{spec.name}.{attr}")
+
+        module.__getattr__ = missing
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
 def _error(exc: BaseException) -> dict:
     return {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
 
@@ -202,7 +249,18 @@ def main(argv=None) -> int:
     ap.add_argument("--runners", help="comma list of --moe-runner-backend values (default: each case's own)")
     ap.add_argument("--repeat", type=int, default=20, help="timed samples per cell")
     ap.add_argument("--smoke", action="store_true", help="toy shapes on the CPU (tokens 1,5): checks this script")
+    ap.add_argument(
+        "--stub-sgl-kernel",
+        action="store_true",
+        help="without sgl_kernel installed: a stand-in whose every name imports and raises when called (SGLang "
+        "imports it at module level on CUDA; what a layer really calls is then recorded as that error)",
+    )
     args = ap.parse_args(argv)
+    if args.stub_sgl_kernel:
+        import importlib.util
+
+        if importlib.util.find_spec("sgl_kernel") is None:
+            sys.meta_path.append(_StandIn())
     if args.smoke:
         args.tokens = "1,5"
     elif not torch.cuda.is_available():
@@ -222,6 +280,7 @@ def main(argv=None) -> int:
         "gpu": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(),
         "versions": {p: version(p) for p in ("sglang", "moe-sglang", "moe-core", "moe-triton", "torch", "triton")},
         "command": " ".join(sys.argv),
+        "sgl_kernel": "stand-in (--stub-sgl-kernel)" if any(isinstance(f, _StandIn) for f in sys.meta_path) else None,
         "cases": [],
     }
     tokens = [int(t) for t in args.tokens.split(",")]
