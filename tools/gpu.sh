@@ -263,7 +263,7 @@ step_sglang() {  # SGLang from .sgl/ into its own target, ahead of $SITE (one ve
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   fi
   gpu_slim_in_place && echo "slim FlashInfer library in place"
-  "$PY" integrations/sglang/tools/gpu_bench.py --json "$OUT/sglang.json" "$@"
+  "$PY" integrations/sglang/tools/gpu_bench.py --stub-sgl-kernel --json "$OUT/sglang.json" "$@"  # stand-in if absent
 }
 
 step_transformers() {
