@@ -176,7 +176,7 @@ def run_case(name: str, tokens: list[int], runners: list[str] | None, repeat: in
     from moe_core.synthetic import random_weights
     from moe_core.timing import time_forward
     from moe_core.tolerances import relative_l2, tolerance
-    from moe_sglang import binding as bridge
+    from moe_sglang.binding import ATTR
 
     preset, scheme, default_runners = CASES[name]
     device = torch.device("cpu" if smoke else "cuda")
@@ -202,7 +202,7 @@ def run_case(name: str, tokens: list[int], runners: list[str] | None, repeat: in
             row["padded"] = _fill(layer, tensors)
             layer.quant_method.process_weights_after_loading(layer)
             row["bind_s"] = round(time.perf_counter() - t0, 2)
-            bound = getattr(layer, bridge.ATTR, None)
+            bound = getattr(layer, ATTR, None)
             bound = getattr(bound, "runner", None)
             row["bound"] = None if bound is None else f"{bound.backend} ({bound.distribution})"
             print(f"    bound: {row['bound'] or 'SGLang own path'}; padded: {row['padded'] or 'nothing'}", flush=True)

@@ -66,9 +66,9 @@ def test_environment_changes_after_import_take_effect_on_refresh(environ):
     environ.setenv("MOE_TRITON_SPLIT_K", "3")
     environ.setenv("MOE_TRITON_PDL", "on")
     environ.setenv("MOE_TRITON_FP8_PREQUANT", "0")
-    assert switches.current().split_k == 0  # read when asked, not on every call
+    assert switches.current_switches().split_k == 0  # read when asked, not on every call
     now = switches.refresh()
-    assert switches.current() == now == switches.Switches(split_k=3, pdl=True, fp8_prequant=False)
+    assert switches.current_switches() == now == switches.Switches(split_k=3, pdl=True, fp8_prequant=False)
     environ.setenv("MOE_TRITON_SPLIT_K", "")  # empty: the default
     assert switches.refresh().split_k == 0
 
@@ -87,20 +87,20 @@ def test_a_bad_value_names_its_variable(environ, variable, value):
 
 
 def test_override_nests_restores_and_rejects_unknown_or_bad_values():
-    before = switches.current()
+    before = switches.current_switches()
     with switches.override(pdl=True) as outer:
-        assert switches.current() == outer and outer.pdl and outer.split_k == before.split_k
+        assert switches.current_switches() == outer and outer.pdl and outer.split_k == before.split_k
         with switches.override(split_k=2):
-            assert switches.current().pdl and switches.current().split_k == 2
-        assert switches.current() == outer
-    assert switches.current() == before
+            assert switches.current_switches().pdl and switches.current_switches().split_k == 2
+        assert switches.current_switches() == outer
+    assert switches.current_switches() == before
     with pytest.raises(TypeError, match="unknown switch"), switches.override(pld=True):
         pass
     with pytest.raises(ValueError, match="MOE_TRITON_SPLIT_K"), switches.override(split_k=-2):
         pass
     with pytest.raises(ValueError, match="MOE_TRITON_PDL"), switches.override(pdl="yes"):
         pass
-    assert switches.current() == before
+    assert switches.current_switches() == before
 
 
 def test_split_k_switch_makes_a_forward_split_gemm1(gemm_launches):
@@ -156,7 +156,7 @@ def test_fp8_prequant_switch_chooses_where_the_activations_are_quantized(monkeyp
 
 def test_a_forward_reads_the_switches_once_and_passes_them_down(monkeypatch, gemm_launches):
     reads = []
-    real = switches.current
+    real = switches.current_switches
     monkeypatch.setattr(launch, "current_switches", lambda: reads.append(1) or real())
     cfg = MoeConfig(8, 2, 128, 64, quant_scheme=WIDE, activation="silu", dtype=FLOAT)
     weights = random_weights(cfg, DEVICE)

@@ -67,13 +67,13 @@ def record(args) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
+    from moe_core import selection_table
     from moe_core.bench_rows import rank_field
     from moe_core.config import MoeProblem
     from moe_core.errors import InvalidInputError
     from moe_core.runner import MoeRunner
     from moe_core.selection import explain_auto
     from moe_core.selection_table import Measurement, problem_key, rule_name
-    from moe_core.selection_table import record as store
     from moe_core.synthetic import random_weights
     from moe_core.timing import RunnerTimer, time_interleaved
 
@@ -120,7 +120,7 @@ def record(args) -> int:
         for name, runner in runners.items()
     ]
     del runners, weights
-    path = store(problem, measurements)
+    path = selection_table.record(problem, measurements)
     _, chosen = explain_auto(problem)
     document = {
         "table": str(path),

@@ -37,8 +37,7 @@ from moe_triton.kernel_configs import (
 from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
 from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights, SplitK
-from moe_triton.switches import Switches
-from moe_triton.switches import current as current_switches
+from moe_triton.switches import Switches, current_switches
 
 SCHEME_IDS = {
     "fp32": gemm.FLOAT,
@@ -75,7 +74,7 @@ def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool
 
 
 def pdl_kwargs(device: torch.device, switches: Switches | None = None) -> dict:
-    """Launch keywords for programmatic dependent launch (the ``pdl`` switch, default ``current()``'s;
+    """Launch keywords for programmatic dependent launch (the ``pdl`` switch, default ``current_switches()``'s;
     CUDA SM90+ with Triton's grid-dependency intrinsics), else none: every kernel of the forward takes them."""
     if (switches or current_switches()).pdl and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
         return {"PDL": True, "launch_pdl": True}
@@ -148,7 +147,7 @@ def launch_gemm1(
     """GEMM1 into ``out``, the activated intermediate ``[rows, I]``. ``split``: split K (partials
     ``[split, rows, 2I]`` and zeroed counters of ``split_scratch``); None: unsplit. ``x_scale``: ``x``
     holds fp8_block codes from ``quantize_fp8_groups`` and these are their scales. ``pdl``: the keywords of
-    ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode choice (None: ``current()``)."""
+    ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode choice (None: ``current_switches()``)."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     inter = w.weight.shape[1] // 2
@@ -227,7 +226,7 @@ def run_fused_moe(
 ) -> None:
     """Compute the routed-expert output into ``out`` ([M, H], contiguous) from prepared weights
     (``TritonWeights.gemm1()`` / ``gemm2()``). ``config``: explicit tiles (None: the table or the
-    heuristic); ``switches``: None reads ``moe_triton.switches.current()`` once for the whole forward."""
+    heuristic); ``switches``: None reads ``moe_triton.switches.current_switches()`` once for the whole forward."""
     _check_prepared(w13)
     m, h = x.shape
     top_k = topk_ids.shape[1]

@@ -5,7 +5,7 @@ how K is split); none changes the kernels' arguments' meaning. They exist for A/
 turning a variant off on a machine where it does not pay; the measurements behind the defaults are in
 ``results/README.md``.
 
-``current()`` is what a forward reads: the innermost ``override(...)`` if one is active, else the
+``current_switches()`` is what a forward reads: the innermost ``override(...)`` if one is active, else the
 environment as last read. The environment is read on the first call and again on ``refresh()``, not on
 every forward: a lookup in ``os.environ`` costs far more per variable than the rest of the host-side
 launch bookkeeping, so a process that changes a ``MOE_TRITON_*`` variable after its first forward calls
@@ -33,7 +33,7 @@ def _switch(default, variable: str, doc: str):
 
 @dataclass(frozen=True)
 class Switches:
-    """The switches in force for a forward (``current()``). Each field's metadata holds its environment
+    """The switches in force for a forward (``current_switches()``). Each field's metadata holds its environment
     variable and what it does: this class is the table (``describe()`` renders it)."""
 
     split_k: int = _switch(
@@ -117,7 +117,7 @@ def refresh() -> Switches:
     return _from_env
 
 
-def current() -> Switches:
+def current_switches() -> Switches:
     """The switches a forward runs with: the innermost ``override``, else the environment as last read
     (read on the first call; ``refresh()`` reads it again)."""
     if _override is not None:
@@ -127,14 +127,14 @@ def current() -> Switches:
 
 @contextlib.contextmanager
 def override(**changes) -> Iterator[Switches]:
-    """Run the block with some switches changed, the others as ``current()`` has them, e.g.
+    """Run the block with some switches changed, the others as ``current_switches()`` has them, e.g.
     ``with switches.override(pdl=True, split_k=1): ...``; nested overrides stack. Process-wide."""
     global _override
     unknown = set(changes) - set(VARIABLES)
     if unknown:
         raise TypeError(f"unknown switch(es) {sorted(unknown)}; the switches are {sorted(VARIABLES)}")
     previous = _override
-    _override = replace(current(), **changes)
+    _override = replace(current_switches(), **changes)
     try:
         yield _override
     finally:

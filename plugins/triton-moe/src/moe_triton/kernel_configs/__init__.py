@@ -36,8 +36,7 @@ from pathlib import Path
 import torch
 
 from moe_core.paths import user_dir
-from moe_triton.switches import Switches
-from moe_triton.switches import current as current_switches
+from moe_triton.switches import Switches, current_switches
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ def resolve_split_k(
     switches: Switches | None = None,
 ) -> int:  # fmt: skip
     """The split this forward runs: the ``split_k`` switch if set, else the config's, else 1
-    (``split_k_for`` with the ``auto_split_k`` switch). ``switches``: None reads ``current()``."""
+    (``split_k_for`` with the ``auto_split_k`` switch). ``switches``: None reads ``current_switches()``."""
     sw = switches or current_switches()
     if sw.split_k > 0:
         return sw.split_k
