@@ -30,21 +30,23 @@ class Site:
         source: str | None = None,
         version: str = "1.0",
         entry_points: dict[str, str] | None = None,
+        group: str = "moe.fused_ops",
         **plugin_kwargs,
     ) -> str:
-        """Install distribution ``dist`` providing ``backend``; return its module name."""
+        """Install distribution ``dist`` providing ``backend`` (a dispatcher with ``group="moe.a2a"`` and a
+        ``source``); return its module name."""
         module = f"{dist.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
         if source is None:
             source = plugin_source(backend, **plugin_kwargs)
         if entry_points is None:
             entry_points = {backend: module}
-        write_distribution(self.root / dist, dist, version, entry_points, {module: source})
+        write_distribution(self.root / dist, dist, version, entry_points, {module: source}, group)
         sys.path.insert(0, str(self.root / dist))
         self._paths.append(str(self.root / dist))
         return module
 
-    def registry(self) -> PluginRegistry:
-        return PluginRegistry()
+    def registry(self, group: str = "moe.fused_ops") -> PluginRegistry:
+        return PluginRegistry(group)
 
     @property
     def pythonpath(self) -> str:
@@ -77,6 +79,7 @@ def site(tmp_path, monkeypatch):
     saved = list(sys.path)
     # the process-wide registry must not carry discovery results across tests
     monkeypatch.setattr("moe_core.plugins._default", None)
+    monkeypatch.setattr("moe_core.plugins._default_by_group", {})
     yield s
     sys.path[:] = saved
     import importlib

@@ -69,6 +69,9 @@ class FusedOp:
     name: ClassVar[str]
     #: a2a backends this op serves ("none" = pure tensor parallel)
     a2a_backends: ClassVar[tuple[str, ...]] = ("none",)
+    #: the formats of dispatched tokens ``apply`` accepts (``moe_core.dispatch.FORMATS``): a dispatcher whose
+    #: ``format`` is not among them is refused with this op (``moe_core.dispatch.check_formats``)
+    dispatch_formats: ClassVar[tuple[str, ...]] = ("token_major_local_ids",)
     #: larger wins in ``backend="auto"`` where nothing was measured (``moe select``); the torch reference uses 0.
     #: ``priority_for`` may make it depend on the problem and device
     priority: ClassVar[int] = 0

@@ -2,10 +2,12 @@
 
 Loading imports the entry point's target, registers it with the pluggy
 ``PluginManager``, checks the hooks (``check_pending``), the API version and
-the fused ops it returns (their names, a2a backends and priorities). Every
-call into the plugin goes through ``moe_core.guard``; whatever goes wrong is
-kept in a ``LoadResult`` — distribution, version, step, exception, traceback —
-so one broken plugin never breaks core or another plugin. Strict mode is
+the classes its kind's hook returns (their base class and names, then what the
+kind requires them to declare: ``moe_core.kinds``), for a fused-op plugin and a
+dispatcher plugin alike. Every call into the plugin goes through
+``moe_core.guard``; whatever goes wrong is kept in a ``LoadResult`` —
+distribution, version, step, exception, traceback — so one broken plugin never
+breaks core or another plugin. Strict mode is
 applied by the caller, which decides whether a failed result should raise.
 """
 
@@ -20,6 +22,7 @@ from moe_core import guard, hookspecs
 from moe_core.discovery import PluginEntry
 from moe_core.errors import PluginError
 from moe_core.hookspecs import API_VERSION
+from moe_core.kinds import kind_of
 
 LOADED = "loaded"
 ERROR = "error"
@@ -30,8 +33,9 @@ INCOMPATIBLE = "incompatible"
 class LoadResult:
     entry: PluginEntry
     status: str
-    #: FusedOp subclasses provided under this entry's name (loaded only)
-    fused_ops: tuple[type, ...] = ()
+    #: the classes provided under this entry's name (loaded only): ``FusedOp`` subclasses for ``moe.fused_ops``,
+    #: one ``Dispatcher`` subclass for ``moe.a2a``
+    provided: tuple[type, ...] = ()
     reason: str = ""
     error: BaseException | None = None
     traceback: str = ""
@@ -40,6 +44,11 @@ class LoadResult:
     @property
     def ok(self) -> bool:
         return self.status == LOADED
+
+    @property
+    def fused_ops(self) -> tuple[type, ...]:
+        """``provided``, under the name selection, warmup and tune read it by (an entry of ``moe.fused_ops``)."""
+        return self.provided
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
@@ -84,8 +93,7 @@ def load_entry(pm: pluggy.PluginManager, entry: PluginEntry, plugin: object | No
 
 def _register(pm: pluggy.PluginManager, entry: PluginEntry, plugin: object) -> LoadResult:
     """Register ``plugin`` and ask its hooks; the caller holds the plugin manager's lock."""
-    from moe_core.fused_op import FusedOp
-
+    kind = kind_of(entry.group)
     registered_here = False
     if not pm.is_registered(plugin):
         try:
@@ -115,31 +123,26 @@ def _register(pm: pluggy.PluginManager, entry: PluginEntry, plugin: object) -> L
                 f"targets moe-core plugin API version {version!r}, but this moe-core provides API version "
                 f"{API_VERSION}",
             )
-        impl = _impl_of(pm, "moe_fused_ops", plugin)
+        impl = _impl_of(pm, kind.hook, plugin)
         if impl is None:
-            return fail(ERROR, "provides no fused ops (implement the moe_fused_ops hook)")
-        ops = guard.call(entry, "moe_fused_ops hook", lambda: list(impl.function() or ()))
-        bad = [op for op in ops if not (isinstance(op, type) and issubclass(op, FusedOp))]
+            return fail(ERROR, f"provides no {kind.thing}s (implement the {kind.hook} hook)")
+        provided = guard.call(entry, f"{kind.hook} hook", lambda: list(impl.function() or ()))
+        base = kind.base()
+        bad = [c for c in provided if not (isinstance(c, type) and issubclass(c, base))]
         if bad:
-            return fail(ERROR, f"moe_fused_ops returned non-FusedOp objects: {bad!r}")
-        mine = tuple(op for op in ops if guard.call(entry, "name", getattr, op, "name", None) == entry.name)
+            return fail(ERROR, f"{kind.hook} returned non-{base.__name__} objects: {bad!r}")
+        mine = tuple(c for c in provided if guard.call(entry, "name", getattr, c, "name", None) == entry.name)
         if not mine:
-            provided = ", ".join(sorted({str(getattr(op, "name", "?")) for op in ops})) or "nothing"
+            names = ", ".join(sorted({str(getattr(c, "name", "?")) for c in provided})) or "nothing"
             return fail(
-                ERROR, f"entry point {entry.name!r} provides no fused op named {entry.name!r} (it provides: {provided})"
+                ERROR,
+                f"entry point {entry.name!r} provides no {kind.thing} named {entry.name!r} (it provides: {names})",
             )
-        keys = []
-        for op in mine:
-            a2a = guard.call(entry, "a2a_backends", getattr, op, "a2a_backends")
-            if isinstance(a2a, str) or not all(isinstance(a, str) for a in a2a):
-                return fail(ERROR, f"{op.__name__}.a2a_backends must be a tuple of names, got {a2a!r}")
-            guard.priority(entry, op)
-            keys += [(a, op.name) for a in a2a]
+        refused = kind.check(entry, mine)
     except PluginError as exc:
         if registered_here:
             pm.unregister(plugin)
         return from_error(entry, exc)
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
-        return fail(ERROR, f"two fused ops for the same (a2a, runner) key: {repeated}")
-    return LoadResult(entry, LOADED, fused_ops=mine, plugin=plugin)
+    if refused:
+        return fail(ERROR, refused)
+    return LoadResult(entry, LOADED, provided=mine, plugin=plugin)

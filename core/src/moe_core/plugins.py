@@ -5,8 +5,10 @@ One ``PluginRegistry`` holds what has been discovered (cached until
 thread-safe (a re-entrant lock around discovery and the tables, one lock per
 entry around its import, one around pluggy's manager) and survives ``fork``:
 the child gets fresh locks, so a fork taken while another thread held one
-cannot deadlock. Selection lives in ``moe_core.selection``; the
-registry only answers "what is there and what happened when we loaded it".
+cannot deadlock. One registry serves one entry-point group (``moe_core.kinds``:
+kernel backends or dispatchers) through the same code. Selection lives in
+``moe_core.selection``; the registry only answers "what is there and what
+happened when we loaded it".
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from moe_core.discovery import GROUP, PluginEntry, read_entries
 from moe_core.errors import IncompatiblePluginError, PluginError, PluginLoadError, PluginWarning
 from moe_core.filters import PluginFilters
 from moe_core.guard import support
+from moe_core.kinds import KINDS, kind_of
 from moe_core.loading import ERROR, INCOMPATIBLE, from_error, import_entry, load_entry, new_plugin_manager
 
 DISCOVERED = "discovered"
@@ -32,7 +35,8 @@ UNAVAILABLE = "unavailable"
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """One row of ``moe backends``."""
+    """One row of ``moe backends``: a runner backend (``kind`` "fused_op") or a dispatcher ("dispatcher").
+    ``formats``: for a backend the dispatch formats its fused ops accept, for a dispatcher the one it hands."""
 
     name: str
     distribution: str
@@ -42,16 +46,20 @@ class BackendInfo:
     entry_point: str = ""
     a2a_backends: tuple[str, ...] = ()
     priority: int | None = None
+    kind: str = "fused_op"
+    formats: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["a2a_backends"] = list(self.a2a_backends)
+        d["formats"] = list(self.formats)
         return d
 
 
 class PluginRegistry:
     def __init__(self, group: str = GROUP) -> None:
         self.group = group
+        self.kind = kind_of(group)
         self._lock = threading.RLock()
         self._entries: tuple[PluginEntry, ...] | None = None
         self._results: dict[tuple[str, str], object] = {}
@@ -91,15 +99,18 @@ class PluginRegistry:
     def filters(self) -> PluginFilters:
         """The current environment's filters; warns once per item that matches nothing."""
         filters = PluginFilters.from_environ()
-        installed = [(e.name, e.distribution) for e in self.entries()]
-        for var, item in filters.unmatched(installed):
+        if not (filters.allow or filters.block):
+            return filters
+        # one pair of variables filters every kind: an item is unmatched only if it names no plugin of any
+        everything = [e for k in KINDS for e in (self.entries() if k.group == self.group else read_entries(k.group))]
+        for var, item in filters.unmatched((e.name, e.distribution) for e in everything):
             with self._lock:
                 if (var, item) in self._warned:
                     continue
                 self._warned.add((var, item))
-                names = ", ".join(sorted({e.qualified_name for e in self.entries()})) or "none"
+                names = ", ".join(sorted({e.qualified_name for e in everything})) or "none"
                 warnings.warn(
-                    f"{var} names {item!r}, which matches no installed moe backend (installed: {names})",
+                    f"{var} names {item!r}, which matches no installed moe plugin (installed: {names})",
                     PluginWarning,
                     stacklevel=3,
                 )
@@ -110,7 +121,7 @@ class PluginRegistry:
         return [e for e in self.entries() if filters.disabled_reason(e.name, e.distribution) is None]
 
     def duplicates(self, filters: PluginFilters | None = None) -> dict[str, list[PluginEntry]]:
-        """Backend names that more than one enabled distribution provides."""
+        """Names (of backends, or of dispatchers) that more than one enabled distribution provides."""
         by_name: dict[str, list[PluginEntry]] = defaultdict(list)
         for e in self.enabled_entries(filters):
             by_name[e.name].append(e)
@@ -160,7 +171,8 @@ class PluginRegistry:
         dupes = self.duplicates(filters)
         rows = []
         for e in self.entries():
-            base = dict(name=e.name, distribution=e.distribution, version=e.version, entry_point=e.value)
+            base = dict(name=e.name, distribution=e.distribution, version=e.version, entry_point=e.value,
+                        kind=self.kind.key)  # fmt: skip
             disabled = filters.disabled_reason(e.name, e.distribution)
             if disabled:
                 rows.append(BackendInfo(status=DISABLED, reason=disabled, **base))
@@ -169,8 +181,8 @@ class PluginRegistry:
             if e.name in dupes:
                 others = [x.distribution for x in dupes[e.name] if x.distribution != e.distribution]
                 dup_reason = (
-                    f"duplicate: backend {e.name!r} is also provided by {', '.join(others)}; "
-                    f"pick one with backend='{e.distribution}:{e.name}' or MOE_DISABLE_PLUGINS"
+                    f"duplicate: {self.kind.noun} {e.name!r} is also provided by {', '.join(others)}; "
+                    f"pick one with '{e.distribution}:{e.name}' or MOE_DISABLE_PLUGINS"
                 )
             if not check:
                 rows.append(BackendInfo(status=DISCOVERED, reason=dup_reason, **base))
@@ -179,14 +191,12 @@ class PluginRegistry:
             if not result.ok:
                 rows.append(BackendInfo(status=result.status, reason=result.reason, **base))
                 continue
-            a2a = tuple(sorted({a for op in result.fused_ops for a in op.a2a_backends}))
-            prio = max(op.priority for op in result.fused_ops)
-            extra = dict(a2a_backends=a2a, priority=prio, **base)
+            extra = dict(**self.kind.summary(result.provided), **base)
             if dup_reason:
                 rows.append(BackendInfo(status=ERROR, reason=dup_reason, **extra))
                 continue
             try:
-                supports = [support(e, "available", op.available) for op in result.fused_ops]
+                supports = [support(e, "available", cls.available) for cls in result.provided]
             except PluginError as exc:
                 rows.append(BackendInfo(status=ERROR, reason=str(exc), **extra))
                 continue
@@ -200,7 +210,8 @@ class PluginRegistry:
         return rows
 
 
-_default: PluginRegistry | None = None
+_default: PluginRegistry | None = None  # of moe.fused_ops (tests reset it)
+_default_by_group: dict[str, PluginRegistry] = {}  # of the other groups
 _default_lock = threading.Lock()
 
 
@@ -212,10 +223,15 @@ def _reset_default_lock() -> None:
 os.register_at_fork(after_in_child=_reset_default_lock)
 
 
-def default_registry() -> PluginRegistry:
-    """The process-wide registry every runner uses unless given another."""
+def default_registry(group: str = GROUP) -> PluginRegistry:
+    """The process-wide registry of ``group`` (default: kernel backends) every runner uses unless given
+    another."""
     global _default
     with _default_lock:
+        if group != GROUP:
+            if group not in _default_by_group:
+                _default_by_group[group] = PluginRegistry(group)
+            return _default_by_group[group]
         if _default is None:
             _default = PluginRegistry()
         return _default

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from moe_core import guard, selection_table
 from moe_core.config import MoeProblem
-from moe_core.discovery import PluginEntry
+from moe_core.discovery import GROUP, PluginEntry
 from moe_core.dtypes import dtype_label
 from moe_core.errors import (
     BackendDisabledError,
@@ -87,11 +87,11 @@ def _installed_summary(registry: PluginRegistry) -> str:
     return ", ".join(names) if names else "none"
 
 
-def _duplicate_error(name: str, entries: list[PluginEntry]) -> DuplicateBackendError:
+def _duplicate_error(name: str, entries: list[PluginEntry], noun: str = "runner backend") -> DuplicateBackendError:
     dists = sorted({f"{e.distribution} {e.version}" for e in entries})
-    picks = " or ".join(f"backend={e.qualified_name!r}" for e in entries)
+    picks = " or ".join(f"{noun.rpartition(' ')[2]}={e.qualified_name!r}" for e in entries)
     return DuplicateBackendError(
-        f"runner backend {name!r} is provided by more than one distribution: {' and '.join(dists)}. "
+        f"{noun} {name!r} is provided by more than one distribution: {' and '.join(dists)}. "
         f"Pick one with {picks}, or block one with MOE_DISABLE_PLUGINS=<distribution>."
     )
 
@@ -236,42 +236,44 @@ def _select_class(problem: MoeProblem, op: type) -> Selection:
 
 
 def resolve_backend(backend: str, registry: PluginRegistry | None = None):
-    """Find, filter and load the plugin behind an explicit backend name.
+    """Find, filter and load the plugin behind an explicit backend name (a dispatcher name with a registry of
+    ``moe.a2a``: the messages say which kind).
 
     Returns the ``LoadResult`` of the one enabled distribution providing it;
     raises ``BackendNotInstalledError``, ``BackendDisabledError``,
     ``DuplicateBackendError`` or ``PluginLoadError`` otherwise.
     """
     registry = registry or default_registry()
+    noun = registry.kind.noun
     dist, name = parse_backend(backend)
     named = [e for e in registry.entries() if e.name == name]
     if dist is not None:
         chosen = [e for e in named if normalize_distribution(e.distribution) == normalize_distribution(dist)]
         if not chosen and named:
             by = ", ".join(sorted({e.distribution for e in named}))
-            raise BackendNotInstalledError(f"runner backend {name!r} is provided by {by}, not by {dist!r}")
+            raise BackendNotInstalledError(f"{noun} {name!r} is provided by {by}, not by {dist!r}")
         named = chosen
     if not named:
         hint = (
             f"install it with: pip install {FIRST_PARTY[name]}"
-            if name in FIRST_PARTY
+            if name in FIRST_PARTY and registry.group == GROUP
             else "no known distribution provides it"
         )
         raise BackendNotInstalledError(
-            f"runner backend {name!r} is not installed; {hint}. Installed backends: {_installed_summary(registry)}"
+            f"{noun} {name!r} is not installed; {hint}. Installed {noun}s: {_installed_summary(registry)}"
         )
     filters = registry.filters()
     enabled = [e for e in named if filters.disabled_reason(e.name, e.distribution) is None]
     if not enabled:
         reasons = "; ".join(f"{e.qualified_name}: {filters.disabled_reason(e.name, e.distribution)}" for e in named)
-        raise BackendDisabledError(f"runner backend {name!r} is installed but {reasons}")
+        raise BackendDisabledError(f"{noun} {name!r} is installed but {reasons}")
     if len({e.distribution for e in enabled}) > 1:
-        raise _duplicate_error(name, enabled)
+        raise _duplicate_error(name, enabled, noun)
     result = registry.load(enabled[0], strict=False)
     if not result.ok:
-        raise PluginLoadError(
-            f"runner backend {name!r} failed to load: {result.reason}\n{result.traceback}".rstrip()
-        ) from result.error
+        raise PluginLoadError(f"{noun} {name!r} failed to load: {result.reason}\n{result.traceback}".rstrip()) from (
+            result.error
+        )
     return result
 
 

@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="moe",
         description=(
             "Run mixture-of-experts layers through installable kernel backends. "
-            "Backends are plugins found through the entry-point group 'moe.fused_ops'."
+            "Backends are plugins found through the entry-point group 'moe.fused_ops', token dispatchers "
+            "through 'moe.a2a'."
         ),
         epilog=(
             "Each plugin option has an environment variable that means the same: MOE_PLUGINS, "

@@ -1,4 +1,4 @@
-"""``moe backends``: what runner backends are installed, and can they run here."""
+"""``moe backends``: what runner backends and dispatchers are installed, and can they run here."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from moe_core.cli._options import add_device, add_problem, problem_config, resol
 def register(sub) -> None:
     p = sub.add_parser(
         "backends",
-        help="list installed runner backends",
+        help="list installed runner backends and dispatchers",
         description=(
-            "List every runner backend found through the entry-point group 'moe.fused_ops'. "
+            "List every runner backend found through the entry-point group 'moe.fused_ops' and every token "
+            "dispatcher found through 'moe.a2a' (a second table; with --json, rows of kind 'dispatcher'). "
             "Without --check nothing is imported (status 'discovered' or 'disabled'). With --check "
             "each plugin is loaded and asked whether it can run on this machine: status is "
             "'available', 'unavailable' (reason says why), 'error' (failed to load), "
@@ -42,20 +43,24 @@ def run(args) -> int:
     if args.explain:
         return explain(args)
     from moe_core.filters import PluginFilters
+    from moe_core.kinds import KINDS
     from moe_core.plugins import default_registry
 
-    registry = default_registry()
-    rows = registry.describe(check=args.check)
+    registries = [default_registry(kind.group) for kind in KINDS]
+    tables = [(registry.kind, registry.describe(check=args.check)) for registry in registries]
+    rows = [r for _, kind_rows in tables for r in kind_rows]
     failed = [r for r in rows if r.status in ("error", "incompatible")]
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        _print_table(rows, args.check)
+        for kind, kind_rows in tables:
+            _print_table(kind, kind_rows, args.check)
     if args.traceback and args.check:
-        for e in registry.entries():
-            result = registry.load(e, strict=False)
-            if result.traceback:
-                print(f"\n--- {e.qualified_name} ---\n{result.traceback}", file=sys.stderr)
+        for registry in registries:
+            for e in registry.entries():
+                result = registry.load(e, strict=False)
+                if result.traceback:
+                    print(f"\n--- {e.qualified_name} ---\n{result.traceback}", file=sys.stderr)
     if failed and PluginFilters.from_environ().strict:
         names = ", ".join(f"{r.distribution}:{r.name}" for r in failed)
         print(f"moe backends: MOE_STRICT_PLUGINS is set and these plugins failed: {names}", file=sys.stderr)
@@ -73,18 +78,22 @@ _STYLE = {
 }
 
 
-def _print_table(rows, checked: bool) -> None:
+def _print_table(kind, rows, checked: bool) -> None:
+    """One kind's table; a dispatcher's shows the format it hands the experts (known once loaded)."""
     from rich.table import Table
 
-    table = Table(title="moe runner backends" + ("" if checked else " (not loaded; use --check)"))
-    for col in ("name", "distribution", "version", "status", "reason"):
+    formats = kind.key == "dispatcher"
+    table = Table(title=f"moe {kind.noun}s ({kind.group})" + ("" if checked else " (not loaded; use --check)"))
+    for col in ("name", "distribution", "version", *(("format",) if formats else ()), "status", "reason"):
         table.add_column(col, overflow="fold")
     for r in rows:
         style = _STYLE.get(r.status, "")
-        table.add_row(r.name, r.distribution, r.version, f"[{style}]{r.status}[/]" if style else r.status, r.reason)
+        status = f"[{style}]{r.status}[/]" if style else r.status
+        table.add_row(r.name, r.distribution, r.version, *((", ".join(r.formats),) if formats else ()), status,
+                      r.reason)  # fmt: skip
     console = stdout_console()
     if not rows:
-        console.print("no moe runner backends are installed (not even moe-core's torch backend?)")
+        console.print(f"no moe {kind.noun}s are installed (not even moe-core's own?)")
         return
     console.print(table)
 

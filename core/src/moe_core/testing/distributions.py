@@ -83,3 +83,30 @@ def plugin_source(
     )
     tail = "\n    return [StandInFusedOp]\n"
     return head + textwrap.indent(textwrap.dedent(body), " " * 8) + tail + textwrap.dedent(extra)
+
+
+def dispatcher_source(name: str, *, format: str = "token_major_local_ids", body: str = "", extra: str = "") -> str:
+    """Source of a plugin module providing dispatcher ``name`` (group ``moe.a2a``).
+
+    It reuses core's ``replicate`` dispatcher, so a runner driven by it computes real results; ``format`` is
+    the format it declares, ``body`` is added to its class and ``extra`` to the module, as in ``plugin_source``.
+    """
+    head = textwrap.dedent(
+        f"""
+        from moe_core import API_VERSION, hookimpl
+
+        @hookimpl
+        def moe_api_version():
+            return API_VERSION
+
+        @hookimpl
+        def moe_dispatchers():
+            from moe_core.dispatchers.replicate import ReplicateDispatcher
+
+            class StandInDispatcher(ReplicateDispatcher):
+                name = {name!r}
+                format = {format!r}
+        """
+    )
+    tail = "\n    return [StandInDispatcher]\n"
+    return head + textwrap.indent(textwrap.dedent(body), " " * 8) + tail + textwrap.dedent(extra)

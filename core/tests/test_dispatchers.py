@@ -1,0 +1,189 @@
+"""Dispatchers as plugins of group ``moe.a2a``: discovered, loaded, filtered and listed like kernel backends.
+
+Third-party dispatchers are real throwaway distributions on a temporary ``sys.path`` folder (the ``site``
+fixture); the ones that need ranks run on gloo like ``test_distributed.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from moe_core import MoeConfig
+from moe_core.dispatch import Dispatcher, check_formats, get_dispatcher
+from moe_core.errors import BackendDisabledError, BackendNotInstalledError, BackendUnavailableError, PluginLoadError
+from moe_core.testing.distributions import dispatcher_source
+
+A2A = "moe.a2a"
+
+
+def _add(site, dist: str, name: str, **kwargs) -> str:
+    source = kwargs.pop("source", None) or dispatcher_source(name, **kwargs)
+    return site.add(dist, name, source=source, group=A2A)
+
+
+def test_core_registers_its_two_dispatchers(site):
+    registry = site.registry(A2A)
+    assert {e.qualified_name for e in registry.entries()} == {"moe-core:replicate", "moe-core:all_to_all"}
+    rows = {r.name: r for r in registry.describe(check=True)}
+    for name in ("replicate", "all_to_all"):
+        row = rows[name]
+        assert row.kind == "dispatcher" and row.status == "available" and row.distribution == "moe-core"
+        assert row.formats == ("token_major_local_ids",)
+    assert get_dispatcher("all_to_all").name == "all_to_all"
+    assert get_dispatcher("moe-core:replicate").name == "replicate"
+
+
+def test_a_third_party_dispatcher_is_discovered_without_import_and_listed(site):
+    module = _add(site, "moe-fancy-a2a", "fancy")
+    registry = site.registry(A2A)
+    assert "moe-fancy-a2a:fancy" in {e.qualified_name for e in registry.entries()}
+    assert module not in sys.modules
+    rows = {r.name: r for r in registry.describe(check=False)}
+    assert rows["fancy"].status == "discovered" and module not in sys.modules
+    rows = {r.name: r for r in registry.describe(check=True)}
+    assert rows["fancy"].status == "available" and rows["fancy"].version == "1.0"
+    assert get_dispatcher("fancy", registry).__module__ == module
+
+
+def test_broken_dispatchers_are_error_rows_not_a_crash(site, capsys):
+    from moe_core.cli import main
+
+    _add(site, "moe-a2a-raises", "raises", source="raise RuntimeError('a2a kaboom')\n")
+    _add(site, "moe-a2a-exits", "exits", source="raise SystemExit(4)\n")
+    _add(site, "moe-a2a-format", "badformat", format="sideways")
+    garbage = (
+        "from moe_core import API_VERSION, hookimpl\n\n@hookimpl\ndef moe_api_version():\n    return API_VERSION\n"
+    )
+    garbage += "\n@hookimpl\ndef moe_dispatchers():\n    return ['not a class']\n"
+    _add(site, "moe-a2a-garbage", "garbage", source=garbage)
+    _add(site, "moe-a2a-good", "good")
+    causes = {
+        "raises": "a2a kaboom",
+        "exits": "SystemExit: 4",
+        "badformat": "format is 'sideways', not one of",
+        "garbage": "moe_dispatchers returned non-Dispatcher objects",
+    }
+    assert main(["backends", "--check", "--json"]) == 0
+    rows = {(r["kind"], r["name"]): r for r in json.loads(capsys.readouterr().out)}
+    assert rows[("fused_op", "torch")]["status"] == "available"
+    assert rows[("dispatcher", "good")]["status"] == "available"
+    assert rows[("dispatcher", "replicate")]["status"] == "available"
+    for name, cause in causes.items():
+        row = rows[("dispatcher", name)]
+        assert row["status"] == "error" and cause in row["reason"] and " 1.0" in row["reason"], row
+    with pytest.raises(PluginLoadError, match="a2a kaboom"):
+        get_dispatcher("raises", site.registry(A2A))
+
+
+def test_strict_mode_fails_the_listing_of_a_broken_dispatcher(site, capsys, monkeypatch):
+    from moe_core.cli import main
+
+    _add(site, "moe-a2a-raises", "raises", source="raise RuntimeError('a2a kaboom')\n")
+    monkeypatch.setenv("MOE_STRICT_PLUGINS", "1")
+    assert main(["backends", "--check", "--json"]) == 1
+    assert "moe-a2a-raises:raises" in capsys.readouterr().err
+    registry = site.registry(A2A)
+    with pytest.raises(PluginLoadError, match="MOE_STRICT_PLUGINS"):
+        registry.load(next(e for e in registry.entries() if e.name == "raises"))
+
+
+def test_filters_hide_a_dispatcher_like_a_backend(site, monkeypatch):
+    _add(site, "moe-fancy-a2a", "fancy")
+    _add(site, "moe-other-a2a", "other")
+    monkeypatch.setenv("MOE_DISABLE_PLUGINS", "moe-fancy-a2a")
+    rows = {r.name: r for r in site.registry(A2A).describe()}
+    assert rows["fancy"].status == "disabled" and "MOE_DISABLE_PLUGINS" in rows["fancy"].reason
+    with pytest.raises(BackendDisabledError, match="dispatcher 'fancy' is installed but"):
+        get_dispatcher("fancy", site.registry(A2A))
+    monkeypatch.delenv("MOE_DISABLE_PLUGINS")
+    monkeypatch.setenv("MOE_PLUGINS", "other")  # an allow-list: core's own stay, the others go
+    rows = {r.name: r.status for r in site.registry(A2A).describe()}
+    assert rows == {"fancy": "disabled", "other": "discovered", "replicate": "discovered", "all_to_all": "discovered"}
+
+
+def test_a_filter_naming_a_dispatcher_is_no_unmatched_warning_for_backends(site, monkeypatch, recwarn):
+    _add(site, "moe-fancy-a2a", "fancy")
+    monkeypatch.setenv("MOE_DISABLE_PLUGINS", "fancy")
+    site.registry().filters()
+    site.registry(A2A).filters()
+    assert not [w for w in recwarn if "matches no installed" in str(w.message)]
+
+
+def test_an_unknown_dispatcher_lists_the_installed_ones(site):
+    _add(site, "moe-fancy-a2a", "fancy")
+    with pytest.raises(BackendNotInstalledError) as info:
+        get_dispatcher("nosuch", site.registry(A2A))
+    text = str(info.value)
+    assert "dispatcher 'nosuch' is not installed" in text
+    for name in ("moe-core:replicate", "moe-core:all_to_all", "moe-fancy-a2a:fancy"):
+        assert name in text
+
+
+def test_a_class_is_taken_as_it_is_and_a_non_dispatcher_refused():
+    class Mine(Dispatcher):
+        name = "mine"
+        format = "token_major_local_ids"
+
+    assert get_dispatcher(Mine) is Mine
+    with pytest.raises(BackendNotInstalledError, match="Dispatcher subclass"):
+        get_dispatcher(int)
+
+
+def test_a_format_the_fused_op_does_not_accept_is_refused_with_a_sentence():
+    from moe_core.backends.torch.fused_op import TorchFusedOp
+
+    class Padded(Dispatcher):
+        name = "padded"
+        format = "expert_major_padded"
+
+    assert TorchFusedOp.dispatch_formats == ("token_major_local_ids",)
+    check_formats(get_dispatcher("replicate"), TorchFusedOp)  # accepted: nothing raised
+    with pytest.raises(BackendUnavailableError, match="hands the experts 'expert_major_padded', which fused op"):
+        check_formats(Padded, TorchFusedOp)
+
+
+# ---- with ranks ---------------------------------------------------------------------------------------------
+
+
+def _third_party_dispatcher(rank: int, case: dict) -> None:
+    """A third-party dispatcher chosen by name drives a layer over 2 gloo ranks to the single-process result."""
+    from moe_core import MoeRunner
+    from moe_core.distributed import DispatchedRunner
+    from moe_core.synthetic import random_inputs, random_weights
+    from moe_core.tolerances import relative_l2
+
+    sys.path.insert(0, case["path"])
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
+    weights = random_weights(cfg, seed=3)
+    x, ids, tw = random_inputs(cfg, 10, seed=4)
+    layer = DispatchedRunner(cfg, weights, dispatcher="fancy", tp_size=1, ep_size=2, backend="torch")
+    assert type(layer.dispatcher).__name__ == "StandInDispatcher"
+    full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
+    assert relative_l2(layer(x, ids, tw), full) < 1e-5
+
+
+def _padded_refused(rank: int, case: dict) -> None:
+    from moe_core.distributed import DispatchedRunner
+    from moe_core.errors import InvalidInputError
+    from moe_core.synthetic import random_weights
+
+    class Padded(Dispatcher):
+        name = "padded"
+        format = "expert_major_padded"
+
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
+    with pytest.raises(InvalidInputError, match="MoeRunner carries only 'token_major_local_ids'"):
+        DispatchedRunner(cfg, random_weights(cfg), dispatcher=Padded, ep_size=2, backend="torch")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
+def test_a_third_party_dispatcher_runs_a_layer_on_gloo(site):
+    from test_distributed import _spawn
+
+    _add(site, "moe-fancy-a2a", "fancy")
+    _spawn(dict(path=site._paths[-1]), 2, _third_party_dispatcher)
+    _spawn({}, 2, _padded_refused)
