@@ -93,19 +93,9 @@ class ShardedRunner(DispatchedRunner):
     ids and all tokens on every rank returns the whole layer's output on every rank. Each EP rank must hold at
     least ``top_k`` experts."""
 
-    def __init__(
-        self,
-        config: MoeConfig,
-        weights: MoeWeights,
-        *,
-        tp_size: int = 1,
-        ep_size: int | None = None,
-        placement: Sequence[Sequence[int]] | None = None,
-        backend: str | type = "auto",
-        group=None,
-    ) -> None:
-        super().__init__(config, weights, dispatcher="replicate", tp_size=tp_size, ep_size=ep_size,
-                         placement=placement, backend=backend, group=group)  # fmt: skip
+    def __init__(self, config: MoeConfig, weights: MoeWeights, **options) -> None:
+        """``options``: ``DispatchedRunner``'s ``tp_size``, ``ep_size``, ``placement``, ``backend``, ``group``."""
+        super().__init__(config, weights, dispatcher="replicate", **options)
 
 
 class AllToAllRunner(DispatchedRunner):
