@@ -46,6 +46,29 @@ def write_distribution(
     return root
 
 
+def _module_source(api_version, hook: str, base: str, cls: str, attributes: str, body: str, extra: str) -> str:
+    """A plugin module whose ``hook`` returns one class ``cls`` deriving from ``base`` (``module:Class``), with
+    ``attributes`` (declaration lines), ``body`` added to the class and ``extra`` to the module."""
+    module, base_name = base.split(":")
+    head = textwrap.dedent(
+        f"""
+        from moe_core import API_VERSION, hookimpl
+
+        @hookimpl
+        def moe_api_version():
+            return {api_version}
+
+        @hookimpl
+        def {hook}():
+            from {module} import {base_name}
+
+            class {cls}({base_name}):
+        """
+    )
+    declared = textwrap.indent(textwrap.dedent(attributes) + textwrap.dedent(body), " " * 8)
+    return head + declared + f"\n    return [{cls}]\n" + textwrap.dedent(extra)
+
+
 def plugin_source(
     backend: str,
     *,
@@ -62,27 +85,12 @@ def plugin_source(
     it computes real results; ``body`` is added to the op's class (e.g. a
     planted bug in ``prepare``), ``extra`` to the module (e.g. a broken hook).
     """
-    head = textwrap.dedent(
-        f"""
-        from moe_core import API_VERSION, hookimpl
-
-        @hookimpl
-        def moe_api_version():
-            return {api_version}
-
-        @hookimpl
-        def moe_fused_ops():
-            from moe_core.backends.torch.fused_op import TorchFusedOp
-
-            class StandInFusedOp(TorchFusedOp):
-                name = {backend!r}
-                priority = {priority}
-                device_types = frozenset({set(device_types)!r})
-                a2a_backends = {tuple(a2a_backends)!r}
-        """
+    attributes = (
+        f"name = {backend!r}\npriority = {priority}\ndevice_types = frozenset({set(device_types)!r})\n"
+        f"a2a_backends = {tuple(a2a_backends)!r}\n"
     )
-    tail = "\n    return [StandInFusedOp]\n"
-    return head + textwrap.indent(textwrap.dedent(body), " " * 8) + tail + textwrap.dedent(extra)
+    base = "moe_core.backends.torch.fused_op:TorchFusedOp"
+    return _module_source(api_version, "moe_fused_ops", base, "StandInFusedOp", attributes, body, extra)
 
 
 def dispatcher_source(name: str, *, format: str = "token_major_local_ids", body: str = "", extra: str = "") -> str:
@@ -91,22 +99,6 @@ def dispatcher_source(name: str, *, format: str = "token_major_local_ids", body:
     It reuses core's ``replicate`` dispatcher, so a runner driven by it computes real results; ``format`` is
     the format it declares, ``body`` is added to its class and ``extra`` to the module, as in ``plugin_source``.
     """
-    head = textwrap.dedent(
-        f"""
-        from moe_core import API_VERSION, hookimpl
-
-        @hookimpl
-        def moe_api_version():
-            return API_VERSION
-
-        @hookimpl
-        def moe_dispatchers():
-            from moe_core.dispatchers.replicate import ReplicateDispatcher
-
-            class StandInDispatcher(ReplicateDispatcher):
-                name = {name!r}
-                format = {format!r}
-        """
-    )
-    tail = "\n    return [StandInDispatcher]\n"
-    return head + textwrap.indent(textwrap.dedent(body), " " * 8) + tail + textwrap.dedent(extra)
+    base = "moe_core.dispatchers.replicate:ReplicateDispatcher"
+    attributes = f"name = {name!r}\nformat = {format!r}\n"
+    return _module_source("API_VERSION", "moe_dispatchers", base, "StandInDispatcher", attributes, body, extra)
