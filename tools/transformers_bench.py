@@ -165,9 +165,12 @@ def main(argv=None) -> int:
     from moe_core.integrations.transformers import patch_model
 
     torch.manual_seed(0)
+    started = time.perf_counter()
     config = FAMILIES[args.family](transformers, args.layers)
     device = torch.device(args.device)
-    base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
+    with device:  # random initialisation on the GPU: on the host it takes minutes at gpt-oss-120b's shapes
+        base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    print(f"model built on {device} in {time.perf_counter() - started:.1f}s", flush=True)
     tokens = [int(t) for t in args.tokens.split(",")]
     # the yardstick of every implementation, bf16 ones included: the same model in float32
     reference = copy.deepcopy(base).float()
