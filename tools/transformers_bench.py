@@ -21,6 +21,8 @@ and the whole model's eager forward on ``[1, M]`` (prefill) or ``[M, 1]`` (a dec
 sequences, no KV cache). For every implementation — bf16 transformers ones included, so their spread is the
 yardstick — the relative L2 error of the block's output and of the logits against the same model run in
 float32. An implementation that runs out of memory at some M records ``error`` for that row.
+With ``--profile``, each whole-model row also gets ``<phase>_kernels``: GPU kernel time per forward and its
+largest kernels, so a wall-time gap can be told apart as host time or as different kernels.
 
     python tools/transformers_bench.py --family qwen3-30b-a3b --tokens 1,64,2048 --json out.json
 """
@@ -90,6 +92,33 @@ def _graph_us(fn, repeat: int) -> float:
     return start.elapsed_time(end) * 1e3 / repeat
 
 
+def _kernels(fn, calls: int = 2, top: int = 6) -> dict:
+    """GPU kernel time per call of ``fn`` and its largest kernels (torch.profiler, CUDA activity only).
+
+    Why: a wall time above the sum of the kernels is host time; kernels that differ between two implementations
+    of the same model say where a gap comes from.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        us = event.self_cuda_time_total if us is None else us
+        if us > 0:
+            rows.append((us / calls, event.count / calls, event.key))
+    rows.sort(reverse=True)
+    return {
+        "gpu_us": round(sum(r[0] for r in rows), 1),
+        "top": [{"us": round(us, 1), "per_call": n, "kernel": name[:120]} for us, n, name in rows[:top]],
+    }
+
+
 def _layers_graphs(model, max_tokens: int) -> None:
     """Set the CUDA-graph token limit of every ``MoeLayer`` in ``model`` (``ForwardGraphs.max_tokens``)."""
     from moe_core import MoeLayer
@@ -114,7 +143,9 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return round(float((got - ref).norm() / ref.norm().clamp_min(1e-30)), 6)
 
 
-def _measure(row: dict, model, reference, block, impl: str, m: int, config, device, repeat: int) -> None:
+def _measure(
+    row: dict, model, reference, block, impl: str, m: int, config, device, repeat: int, profile: bool = False
+) -> None:
     h = config.hidden_size
     gen = torch.Generator(device=device).manual_seed(m)
     x = torch.randn(1, m, h, device=device, dtype=torch.bfloat16, generator=gen)
@@ -143,6 +174,8 @@ def _measure(row: dict, model, reference, block, impl: str, m: int, config, devi
                 continue
             forward = lambda ids=ids: model(input_ids=ids, use_cache=False)
             row[f"{phase}_us"] = round(_median_us(forward, repeat, device), 1)
+            if profile and device.type == "cuda":
+                row[f"{phase}_kernels"] = _kernels(forward)
             ref = reference(input_ids=ids, use_cache=False).logits
             row[f"{phase}_logits_rel_l2"] = _rel_l2(model(input_ids=ids, use_cache=False).logits, ref)
 
@@ -157,6 +190,9 @@ def main(argv=None) -> int:
     )
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda (what is measured) or cpu (a smoke run of the tool)")
+    p.add_argument(
+        "--profile", action="store_true", help="also GPU kernel time and largest kernels per whole-model row"
+    )
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
 
@@ -189,7 +225,7 @@ def main(argv=None) -> int:
         for m in tokens:
             row = {"family": args.family, "impl": impl, "M": m}
             try:
-                _measure(row, model, reference, block, impl, m, config, device, args.repeat)
+                _measure(row, model, reference, block, impl, m, config, device, args.repeat, args.profile)
             except torch.OutOfMemoryError as exc:
                 row["error"] = f"out of memory: {str(exc).splitlines()[0]}"
                 torch.cuda.empty_cache()
