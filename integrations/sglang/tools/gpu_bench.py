@@ -202,9 +202,17 @@ def run_case(name: str, tokens: list[int], runners: list[str] | None, repeat: in
             row["padded"] = _fill(layer, tensors)
             layer.quant_method.process_weights_after_loading(layer)
             row["bind_s"] = round(time.perf_counter() - t0, 2)
-            bound = getattr(layer, ATTR, None)
-            bound = getattr(bound, "runner", None)
+            binding = getattr(layer, ATTR, None)
+            bound = getattr(binding, "runner", None)
             row["bound"] = None if bound is None else f"{bound.backend} ({bound.distribution})"
+            if bound is not None:  # where a wrong output would come from: the weights moe read, the scale
+                from moe_sglang import convert
+
+                seen = convert.canonical_weights(layer, binding.shape)
+                row["weights_match"] = all(
+                    torch.equal(getattr(seen, f), getattr(w, f)) for f in ("w13", "w2") if getattr(w, f) is not None
+                )
+                row["output_scale"] = binding.core.output_scale
             print(f"    bound: {row['bound'] or 'SGLang own path'}; padded: {row['padded'] or 'nothing'}", flush=True)
         except Exception as exc:  # recorded: the next runner still runs
             row.update(_error(exc))
@@ -227,6 +235,9 @@ def run_case(name: str, tokens: list[int], runners: list[str] | None, repeat: in
                     # the same call once more after the timed ones: a first call that differs from later ones
                     # (lazily made state) shows as rel_l2 != rel_l2_after
                     cell["rel_l2_after"] = float(relative_l2(layer(x, topk), ref))
+                    if bound is not None:  # the bound moe runner called directly: the bridge's part or moe's
+                        direct = bound(x, topk.topk_ids, topk.topk_weights)
+                        cell["rel_l2_runner"] = float(relative_l2(direct, ref))
                     if how == "cpu":
                         pass
                     elif how == "cuda-graph":
