@@ -277,3 +277,14 @@ def test_an_expert_major_dispatcher_runs_a_layer_on_gloo():
     from test_distributed import _spawn
 
     _spawn({}, 2, _expert_major)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
+def test_moe_run_uses_a_third_party_dispatcher_by_its_qualified_name(site):
+    _add(site, "moe-fancy-a2a", "fancy")
+    proc = site.moe("run", "--ep", "2", "--a2a", "moe-fancy-a2a:fancy", "--dtype", "fp32", "--tokens", "5", "--verify",
+                    "--json", "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True and report["rel_l2_error"] < 1e-5
+    assert (report["dispatcher"], report["dispatcher_distribution"]) == ("fancy", "moe-fancy-a2a")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from moe_core import guard
 from moe_core.config import MoeConfig
-from moe_core.dispatch import EXPERT_MAJOR, Dispatched, Dispatcher, ExpertMajorRows, Grid, check_formats, resolve
+from moe_core.dispatch import EXPERT_MAJOR, Dispatched, Dispatcher, ExpertMajorRows, Grid, resolve
 from moe_core.errors import InvalidInputError
 from moe_core.runner import MoeRunner
 from moe_core.sharding import Shard, check_placement, contiguous_placement, local_intermediate, shard_weights
@@ -92,8 +92,8 @@ class DispatchedRunner:
         else:
             self.shard = _own_shard(weights, local, grid)
         _no_error_anywhere(getattr(self.shard, "error", ""), rank, world, group)
+        # the runner refuses (or, under auto, skips) a fused op that cannot read the dispatcher's tokens
         self.runner = MoeRunner(self.shard.config, self.shard.weights, backend=backend, dispatcher=cls)
-        check_formats(cls, self.runner.selection.op)
 
     def token_slice(self, num_tokens: int) -> slice:
         """The rows of a batch of ``num_tokens`` that this rank brings (``Dispatcher.token_slice``)."""

@@ -197,6 +197,8 @@ def _run_sharded(args) -> int:
     for name in args.preset:
         check_parallel(args, PRESETS[name].config(args.scheme or args.dtype, float_dtype(args.dtype)))
     document = run_ranks(bench_ranks, args, args.tp * args.ep, args.timeout)
+    if document is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
     if args.output:
         with open(args.output, "w") as f:
             json.dump(document, f, indent=2)
