@@ -158,3 +158,43 @@ def test_plot_axes(tmp_path):
     assert len(ax.get_legend().get_texts()) == 5  # four lines and the roofline
     _plot(rows_for_plot(), tmp_path / "b.png", document)
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_over_ranks_times_each_dispatcher_against_the_single_process_layer(tmp_path):
+    """``moe bench --ep 2``: two spawned gloo ranks, both core dispatchers in one world; structure and sanity of
+    the numbers, never their ratios."""
+    import math
+    import subprocess
+    import sys
+
+    path = tmp_path / "ranks.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_core.cli", "bench", "--preset", "tiny", "--tokens", "1,5", "--repeat", "3",
+         "--dtype", "fp32", "--ep", "2", "--a2a", "replicate", "--a2a", "all_to_all", "--device", "cpu", "--json",
+         "--output", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert json.loads(path.read_text()) == doc
+    assert (doc["tp"], doc["ep"], doc["ranks"], doc["device"]) == (1, 2, 2, "cpu")
+    assert doc["options"]["dispatchers"] == ["replicate", "all_to_all"] and doc["options"]["repeat"] == 3
+    assert [(r["dispatcher"], r["tokens"]) for r in doc["rows"]] == [
+        ("replicate", 1), ("replicate", 5), ("all_to_all", 1), ("all_to_all", 5)
+    ]  # fmt: skip
+    for r in doc["rows"]:
+        times = [r["time_us"], r["min_us"], r["single_us"], r["vs_single"], *r["rank_time_us"]]
+        assert all(math.isfinite(t) and t > 0 for t in times), r
+        assert len(r["rank_time_us"]) == 2 and r["time_us"] == max(r["rank_time_us"]) and r["min_us"] <= r["time_us"]
+        assert r["samples"] == 3 and r["calls_per_sample"] >= 1 and r["backend"] == "torch"
+        assert r["rel_l2_error"] < 1e-5 and r["dispatch_format"] == "token_major_local_ids"
+        # which rows each rank brought: the whole batch (replicate) or its share (all_to_all)
+        shares = [r["tokens"]] * 2 if r["dispatcher"] == "replicate" else [(r["tokens"] + 1) // 2, r["tokens"] // 2]
+        assert r["rank_tokens"] == shares
+    # the single-process layer is timed once per token count and shared by the dispatchers' rows
+    assert doc["rows"][0]["single_us"] == doc["rows"][2]["single_us"]
+
+
+def test_bench_over_ranks_refuses_what_times_one_process(capsys):
+    code = main(["bench", "--preset", "tiny", "--ep", "2", "--cold", "--device", "cpu"])
+    assert code == 2 and "--cold and --plot time one process" in capsys.readouterr().err

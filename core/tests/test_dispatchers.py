@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from moe_core import MoeConfig
-from moe_core.dispatch import Dispatcher, check_formats, get_dispatcher
+from moe_core.dispatch import Dispatched, Dispatcher, check_formats, get_dispatcher
+from moe_core.dispatchers.replicate import ReplicateDispatcher
 from moe_core.errors import BackendDisabledError, BackendNotInstalledError, BackendUnavailableError, PluginLoadError
+from moe_core.sharding import local_ids
 from moe_core.testing.distributions import dispatcher_source
 
 A2A = "moe.a2a"
@@ -133,17 +135,66 @@ def test_a_class_is_taken_as_it_is_and_a_non_dispatcher_refused():
         get_dispatcher(int)
 
 
-def test_a_format_the_fused_op_does_not_accept_is_refused_with_a_sentence():
-    from moe_core.backends.torch.fused_op import TorchFusedOp
+class ExpertOnly:
+    """Declarations of a fused op that reads only expert-major blocks (nothing else of it is used)."""
 
-    class Padded(Dispatcher):
-        name = "padded"
-        format = "expert_major_padded"
+    name = "expertonly"
+    dispatch_formats = ("expert_major_padded",)
+
+
+class Padded(Dispatcher):
+    name = "padded"
+    format = "expert_major_padded"
+
+
+def test_an_expert_major_dispatcher_is_converted_for_a_token_major_op_and_the_rest_refused():
+    from moe_core.backends.torch.fused_op import TorchFusedOp
 
     assert TorchFusedOp.dispatch_formats == ("token_major_local_ids",)
     check_formats(get_dispatcher("replicate"), TorchFusedOp)  # accepted: nothing raised
-    with pytest.raises(BackendUnavailableError, match="hands the experts 'expert_major_padded', which fused op"):
-        check_formats(Padded, TorchFusedOp)
+    check_formats(Padded, TorchFusedOp)  # accepted: the runner converts the blocks to token-major rows
+    with pytest.raises(BackendUnavailableError, match="hands the experts 'token_major_local_ids'; fused op Exp"):
+        check_formats(get_dispatcher("replicate"), ExpertOnly)
+    with pytest.raises(BackendUnavailableError, match="which the runner converts to 'token_major_local_ids' rows"):
+        check_formats(Padded, ExpertOnly)
+
+
+def test_expert_major_blocks_become_top1_rows_and_back():
+    from moe_core.dispatch import Dispatched, ExpertMajorRows
+
+    x = torch.arange(3 * 2 * 4, dtype=torch.float32).reshape(3, 2, 4)
+    d = Dispatched(x, torch.tensor([2, 0, 1], dtype=torch.int32), torch.tensor([[0.5, 0.25], [0.0, 0.0], [1.0, 0.0]]))
+    rows, ids, weights = ExpertMajorRows.to_rows(d)
+    assert rows.shape == (6, 4) and torch.equal(rows[4], x[2, 0])
+    assert ids.dtype == torch.int32 and ids.flatten().tolist() == [0, 0, -1, -1, 2, -1]
+    assert weights.flatten().tolist() == [0.5, 0.25, 0.0, 0.0, 1.0, 0.0]
+    assert torch.equal(ExpertMajorRows.from_rows(rows * 2, d), x * 2)
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
+    assert ExpertMajorRows.local_config(cfg).top_k == 1
+
+
+def test_auto_skips_a_backend_that_cannot_read_the_dispatchers_tokens(site, capsys):
+    from moe_core import MoeRunner
+    from moe_core.cli import main
+    from moe_core.dispatchers.replicate import ReplicateDispatcher
+    from moe_core.synthetic import random_weights
+
+    site.add("moe-expert-only", "expertonly", priority=100, body="dispatch_formats = ('expert_major_padded',)\n")
+    cfg = MoeConfig(8, 2, 128, 256, quant_scheme="bf16", dtype=torch.bfloat16)
+    weights = random_weights(cfg)
+    assert MoeRunner(cfg, weights, registry=site.registry()).backend == "expertonly"  # no dispatcher: priority wins
+    runner = MoeRunner(cfg, weights, registry=site.registry(), dispatcher=ReplicateDispatcher)
+    assert runner.backend == "torch"
+    with pytest.raises(BackendUnavailableError, match="does not accept 'token_major_local_ids'"):
+        MoeRunner(cfg, weights, backend="expertonly", registry=site.registry(), dispatcher=Padded)
+    assert main(["backends", "--explain", "--a2a", "replicate", "--json", "--device", "cpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in doc["backends"]}
+    assert doc["dispatcher"] == {"name": "replicate", "format": "token_major_local_ids"}
+    assert rows["moe-expert-only:expertonly"]["usable"] is False and doc["auto"]["backend"] == "torch"
+    assert "does not accept 'token_major_local_ids'" in rows["moe-expert-only:expertonly"]["reason"]
+    assert main(["backends", "--explain", "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["auto"]["backend"] == "expertonly"
 
 
 # ---- with ranks ---------------------------------------------------------------------------------------------
@@ -166,18 +217,51 @@ def _third_party_dispatcher(rank: int, case: dict) -> None:
     assert relative_l2(layer(x, ids, tw), full) < 1e-5
 
 
-def _padded_refused(rank: int, case: dict) -> None:
+class PaddedReplicate(ReplicateDispatcher):
+    """Replicate and mask, but handing the local experts expert-major blocks padded to the batch (the layout of
+    DeepEP's low-latency mode): each local expert's (token, weight) pairs in its own rows."""
+
+    name = "padded_replicate"
+    format = "expert_major_padded"
+
+    def dispatch(self, hidden_states, topk_ids, topk_weights):
+        m, k = topk_ids.shape
+        local = local_ids(topk_ids, self._table).reshape(-1).long()
+        token = torch.arange(m).repeat_interleave(k)
+        keep = local >= 0
+        expert, token, weight = local[keep], token[keep], topk_weights.reshape(-1)[keep]
+        order = torch.argsort(expert, stable=True)
+        expert, token, weight = expert[order], token[order], weight[order]
+        counts = torch.bincount(expert, minlength=len(self.grid.experts))
+        slot = torch.arange(len(expert)) - (torch.cumsum(counts, 0) - counts)[expert]
+        blocks = hidden_states.new_zeros(len(self.grid.experts), max(m, 1), hidden_states.shape[1])
+        blocks[expert, slot] = hidden_states[token]
+        weights = torch.zeros(blocks.shape[:2])
+        weights[expert, slot] = weight.float()
+        return Dispatched(blocks, counts.int(), weights, state=(m, token, expert, slot))
+
+    def combine(self, expert_output, dispatched):
+        m, token, expert, slot = dispatched.state
+        out = torch.zeros(m, self.config.hidden_size).index_add_(0, token, expert_output[expert, slot].float())
+        return super().combine(out, dispatched)
+
+
+def _expert_major(rank: int, case: dict) -> None:
+    """An expert-major dispatcher through DispatchedRunner (converted to token-major rows) equals one process."""
+    from moe_core import MoeRunner
     from moe_core.distributed import DispatchedRunner
-    from moe_core.errors import InvalidInputError
-    from moe_core.synthetic import random_weights
+    from moe_core.synthetic import random_inputs, random_weights
+    from moe_core.tolerances import relative_l2
 
-    class Padded(Dispatcher):
-        name = "padded"
-        format = "expert_major_padded"
-
-    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
-    with pytest.raises(InvalidInputError, match="MoeRunner carries only 'token_major_local_ids'"):
-        DispatchedRunner(cfg, random_weights(cfg), dispatcher=Padded, ep_size=2, backend="torch")
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32, has_bias=True)
+    weights = random_weights(cfg, seed=3)
+    x, ids, tw = random_inputs(cfg, 10, seed=4)
+    ids[:6] = torch.tensor([1, 2], dtype=torch.int32)  # skewed to rank 0's experts
+    ids[7, 0] = -1
+    layer = DispatchedRunner(cfg, weights, dispatcher=PaddedReplicate, ep_size=2, backend="torch")
+    assert layer.runner.config.top_k == 1 and layer.runner.config.num_experts == 4
+    full = MoeRunner(cfg, weights, backend="torch")(x, ids, tw)
+    assert relative_l2(layer(x, ids, tw), full) < 1e-5
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
@@ -186,4 +270,21 @@ def test_a_third_party_dispatcher_runs_a_layer_on_gloo(site):
 
     _add(site, "moe-fancy-a2a", "fancy")
     _spawn(dict(path=site._paths[-1]), 2, _third_party_dispatcher)
-    _spawn({}, 2, _padded_refused)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
+def test_an_expert_major_dispatcher_runs_a_layer_on_gloo():
+    from test_distributed import _spawn
+
+    _spawn({}, 2, _expert_major)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
+def test_moe_run_uses_a_third_party_dispatcher_by_its_qualified_name(site):
+    _add(site, "moe-fancy-a2a", "fancy")
+    proc = site.moe("run", "--ep", "2", "--a2a", "moe-fancy-a2a:fancy", "--dtype", "fp32", "--tokens", "5", "--verify",
+                    "--json", "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True and report["rel_l2_error"] < 1e-5
+    assert (report["dispatcher"], report["dispatcher_distribution"]) == ("fancy", "moe-fancy-a2a")

@@ -138,7 +138,39 @@ def test_moe_run_tp2_ep2_on_the_cpu_verifies():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    assert report["verified"] is True and report["ranks"] == 4 and report["dispatch"] == "replicate-and-mask"
+    assert report["verified"] is True and report["ranks"] == 4 and report["dispatcher"] == "replicate"
+    assert report["rank0_tokens"] == report["tokens"]  # replicate: every rank brings the whole batch
+
+
+def _moe(*argv: str, timeout: float = 300):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "moe_core.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def test_moe_run_all_to_all_spreads_the_batch_and_verifies():
+    import json
+
+    proc = _moe("run", "--ep", "2", "--a2a", "all_to_all", "--tokens", "7", "--dtype", "fp32", "--verify", "--json",
+                "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True and report["rel_l2_error"] < 1e-5
+    assert report["dispatcher"] == "all_to_all" and report["dispatcher_distribution"] == "moe-core"
+    assert report["rank0_tokens"] == 4 and report["ranks"] == 2  # rank 0 brought its 4 of the 7 tokens
+
+
+def test_moe_run_names_the_installed_dispatchers_for_an_unknown_one():
+    proc = _moe("run", "--ep", "2", "--a2a", "nosuch", "--device", "cpu", timeout=120)
+    assert proc.returncode == 2
+    assert "dispatcher 'nosuch' is not installed" in proc.stderr and "moe-core:all_to_all" in proc.stderr
+
+
+def test_a_dispatchers_refusal_on_the_ranks_is_reported_by_rank():
+    proc = _moe("run", "--tp", "2", "--a2a", "all_to_all", "--device", "cpu", timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "rank 0 of 2 failed: PluginError" in proc.stderr and "pure expert parallelism" in proc.stderr
 
 
 def test_moe_run_refuses_a_grid_before_spawning():
@@ -149,3 +181,76 @@ def test_moe_run_refuses_a_grid_before_spawning():
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "tp_size=3 does not divide the intermediate size I=256" in proc.stderr
+
+
+# ---- bad input across ranks: a clear error within a timeout, never a hang -------------------------------------
+
+
+def _given_shards(rank: int, case: dict) -> None:
+    """Each rank given its own ``Shard`` runs the layer; a rank given another's shard, or other full weights,
+    is an error on every rank (one world for the three)."""
+    from moe_core.distributed import ShardedRunner
+    from moe_core.errors import InvalidInputError
+    from moe_core.sharding import shard_weights
+
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
+    weights = random_weights(cfg, seed=3)
+    x, ids, tw = random_inputs(cfg, 9, seed=4)
+    own = shard_weights(cfg, weights, ep_rank=rank, ep_size=2)
+    out = ShardedRunner(cfg, own, ep_size=2, backend="torch")(x, ids, tw)
+    assert relative_l2(out, MoeRunner(cfg, weights, backend="torch")(x, ids, tw)) < 1e-5
+    first = shard_weights(cfg, weights, ep_rank=0, ep_size=2)  # rank 1 loads rank 0's shard
+    with pytest.raises(InvalidInputError, match=r"ranks \[1\] were given weights that are not their shard") as info:
+        ShardedRunner(cfg, first, ep_size=2, backend="torch")
+    assert "the shard of tp_rank 0/1, ep_rank 0/2 (experts [0, 1, 2, 3]); this rank is tp_rank 0/1, ep_rank 1/2" in str(
+        info.value
+    )
+    other = random_weights(cfg, seed=3 + rank)  # rank 1 read another checkpoint
+    with pytest.raises(InvalidInputError, match="were given another layer or grid than rank 0") as info:
+        ShardedRunner(cfg, other, ep_size=2, backend="torch")
+    assert "weights=w13[8, 256, 64]" in str(info.value)
+
+
+def test_a_rank_given_another_ranks_shard_or_other_weights_fails_on_every_rank():
+    _spawn({}, 2, _given_shards)
+
+
+def _rank_one_fails(args, rank, device):
+    """A rank of ``run_ranks`` (``args.how``): rank 1 dies or hangs mid-forward while rank 0 waits for it."""
+    import os
+    import time
+
+    from moe_core.distributed import ShardedRunner
+
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
+    layer = ShardedRunner(cfg, random_weights(cfg, seed=3), ep_size=2, backend="torch")
+    x, ids, tw = random_inputs(cfg, 4, seed=4)
+    layer(x, ids, tw)
+    if rank == 1:
+        if args.how == "exits":
+            os._exit(0)  # ends "successfully", as a rank whose process was told to stop might
+        time.sleep(600)  # stops answering without dying
+    for _ in range(3):
+        layer(x, ids, tw)  # rank 0 waits in the all-reduce for rank 1
+    return {"ok": True}
+
+
+@pytest.mark.parametrize("how", ["exits", "hangs"])
+def test_a_rank_that_dies_or_hangs_mid_forward_ends_the_run_with_its_name(how):
+    import argparse
+    import time
+
+    from moe_core.cli._ranks import run_ranks
+    from moe_core.errors import RankError
+
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        run_ranks(_rank_one_fails, argparse.Namespace(device="cpu", how=how), 2, timeout=4 if how == "hangs" else 60)
+    took = time.monotonic() - start
+    text = str(info.value)
+    if how == "exits":  # the watch notices at once, long before the 60 s collective timeout
+        assert text.startswith("rank 1 of 2 died (exit code 0) before finishing") and took < 30, (took, text)
+        assert "\n  rank 0: " in text  # its collective broke when rank 1 went (or it was stopped)
+    else:  # rank 0's collective times out after 4 s; the sleeping rank is stopped
+        assert text.startswith("rank 0 of 2 failed: ") and "rank 1: was stopped after another rank failed" in text
+        assert took < 40, (took, text)

@@ -504,3 +504,40 @@ def test_layer_under_triton_matches_torch(tmp_path):
     result = run_with_triton("test_layer", "triton_against_torch", tmp_path)
     assert result["backends"] == ["triton", "triton"]
     assert result["error"] <= tolerance("fp32", torch.float32), result
+
+
+# --- over ranks (gloo) ----------------------------------------------------------------------------------------
+
+
+def _parallel_layers(rank: int, case: dict) -> None:
+    """Two ranks: a TP=2 layer (replicate: every rank brings the batch) and an EP=2 layer (all_to_all: each rank
+    its own tokens), router and shared experts included, each equal to the unsharded layer on those tokens."""
+    from moe_core.distributed import Parallel
+
+    cfg = make_config(e=4, has_bias=True)
+    weights = random_weights(cfg, seed=3)
+    shared = make_shared(gated=True)
+    router = LinearRouter(cfg)
+    x = inputs(7)
+    whole = MoeLayer(cfg, weights, router, shared=shared, backend="torch")(x)
+    tp = MoeLayer(cfg, weights, router, shared=shared, backend="torch", parallel=Parallel(tp_size=2))
+    assert tp.runner.config.intermediate_size == INTER // 2 and "parallel=(tp=2, ep=1, rank=" in repr(tp)
+    assert tp.graphs.disabled and relative_l2(tp(x), whole) < 1e-5
+    ep = MoeLayer(cfg, weights, router, shared=shared, backend="torch",
+                  parallel=Parallel(ep_size=2, dispatcher="all_to_all"))  # fmt: skip
+    mine = ep.dispatched.token_slice(7)
+    assert ep.runner.config.num_experts == 2 and (mine.stop - mine.start) == (4 if rank == 0 else 3)
+    assert relative_l2(ep(x[mine]), whole[mine]) < 1e-5
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed with gloo")
+def test_a_sharded_layer_equals_the_unsharded_one_on_gloo():
+    from test_distributed import _spawn
+
+    _spawn({}, 2, _parallel_layers)
+
+
+def test_parallel_must_be_the_bundle():
+    cfg = make_config()
+    with pytest.raises(InvalidInputError, match="parallel must be a distributed.Parallel, got dict"):
+        MoeLayer(cfg, random_weights(cfg), LinearRouter(cfg), parallel={"tp_size": 2})

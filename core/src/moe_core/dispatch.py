@@ -8,16 +8,24 @@ dispatch from the fused op lets a communication library (DeepEP, NVSHMEM, ...) s
 without knowing any kernel, and a kernel without knowing any network.
 
 ``format`` names what ``dispatch`` hands the local experts, and a fused op declares the formats its ``apply``
-accepts (``FusedOp.dispatch_formats``); a pair that does not match is refused with a sentence
-(``check_formats``) rather than computing garbage:
+accepts (``FusedOp.dispatch_formats``):
 
 - ``token_major_local_ids``: ``hidden_states [n, H]``, ``topk_ids [n, k']`` int32 *local* expert ids (``-1``
   for an expert held elsewhere, which contributes zero: the expert-id contract), ``topk_weights [n, k']``;
   what ``MoeRunner`` and every backend's ``apply`` take.
 - ``expert_major_padded``: ``hidden_states [E_local, C, H]``, each local expert's rows padded to a capacity
   ``C``, ``topk_ids [E_local]`` int32 rows in use per expert, ``topk_weights [E_local, C]`` (DeepEP's
-  low-latency layout). Declared so that dispatchers and kernels can agree on it; ``MoeRunner`` does not carry
-  it yet, so ``DispatchedRunner`` refuses it.
+  low-latency layout). ``MoeRunner`` carries token-major rows only, so the runner converts such a block
+  (``ExpertMajorRows``): row ``(e, c)`` becomes one top-1 pair of local expert ``e``, a padding row (``c`` at
+  or past expert ``e``'s count) the id ``-1``; the output goes back as ``[E_local, C, H]``.
+
+What reaches ``apply`` is therefore always token-major: a fused op that does not accept
+``token_major_local_ids`` cannot be driven by any dispatcher, and is refused with a sentence at construction
+(``check_formats``), skipped by ``backend="auto"`` with that sentence as its reason (``moe backends --explain
+--a2a NAME``), never run on a layout it does not read.
+
+Which tokens a rank brings is the dispatcher's to say (``Dispatcher.token_slice``): the whole batch on every
+rank for ``replicate``, each rank its own share for ``all_to_all`` and any dispatcher that moves tokens.
 
 ``dispatch`` and ``combine`` are the hot path and, like ``apply``, are not wrapped by ``moe_core.guard``;
 ``available`` and ``__init__`` are.
@@ -25,6 +33,7 @@ accepts (``FusedOp.dispatch_formats``); a pair that does not match is refused wi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -100,6 +109,16 @@ class Dispatcher:
         """``config`` is the whole layer's; ``group`` the process group of the grid (None: the world)."""
         self.config, self.grid, self.group = config, grid, group
 
+    def token_slice(self, num_tokens: int) -> slice:
+        """Which rows of a batch of ``num_tokens`` tokens this rank brings to ``dispatch`` when one batch is
+        spread over the grid (``moe run``, ``moe bench``, tests): by default each rank its own contiguous share,
+        the first ``num_tokens % ranks`` ranks one more; a dispatcher whose ranks all bring every token
+        (``replicate``) returns the whole batch."""
+        ranks = self.grid.tp_size * self.grid.ep_size
+        base, extra = divmod(num_tokens, ranks)
+        start = self.grid.rank * base + min(self.grid.rank, extra)
+        return slice(start, start + base + (self.grid.rank < extra))
+
     def local_config(self) -> MoeConfig:
         """The config of the problem this rank's experts solve, before sharding: the layer's by default (a
         dispatcher that sends one (token, slot) pair per row returns it with ``top_k=1``)."""
@@ -138,12 +157,47 @@ def resolve(spec: str | type, registry=None):
     return result.provided[0], result.entry
 
 
-def check_formats(dispatcher: type[Dispatcher], op: type) -> None:
-    """Refuse a dispatcher whose format fused op ``op`` does not accept (``BackendUnavailableError``)."""
+def format_refusal(dispatcher: type[Dispatcher], op: type) -> str:
+    """Why fused op ``op`` cannot run what ``dispatcher`` hands its experts, or ``""`` when it can (directly, or
+    after ``ExpertMajorRows`` turns an expert-major block into the token-major rows ``MoeRunner`` carries)."""
     accepted = tuple(op.dispatch_formats)
-    if dispatcher.format not in accepted:
-        raise BackendUnavailableError(
-            f"dispatcher {dispatcher.name!r} hands the experts {dispatcher.format!r}, which fused op "
-            f"{op.__name__} of backend {op.name!r} does not accept (it accepts: {', '.join(accepted) or 'none'}); "
-            f"choose a backend that accepts {dispatcher.format!r} or a dispatcher of another format"
-        )
+    if TOKEN_MAJOR in accepted:
+        return ""
+    converted = "" if dispatcher.format == TOKEN_MAJOR else f", which the runner converts to {TOKEN_MAJOR!r} rows"
+    return (
+        f"dispatcher {dispatcher.name!r} hands the experts {dispatcher.format!r}{converted}; fused op "
+        f"{op.__name__} of backend {op.name!r} does not accept {TOKEN_MAJOR!r} (it accepts: "
+        f"{', '.join(accepted) or 'none'}), and MoeRunner hands apply nothing else; choose a backend that "
+        f"accepts {TOKEN_MAJOR!r}"
+    )
+
+
+def check_formats(dispatcher: type[Dispatcher], op: type) -> None:
+    """Refuse a dispatcher whose tokens fused op ``op`` cannot read (``BackendUnavailableError``,
+    ``format_refusal``'s sentence)."""
+    refusal = format_refusal(dispatcher, op)
+    if refusal:
+        raise BackendUnavailableError(refusal)
+
+
+class ExpertMajorRows:
+    """An ``expert_major_padded`` block as the token-major rows ``MoeRunner`` carries, and the rows' output back
+    as the block's ``[E_local, C, H]`` (the module docstring says how). Built once per layer."""
+
+    @staticmethod
+    def local_config(config: MoeConfig) -> MoeConfig:
+        """Each row is one (token, expert) pair: the rows' problem is top-1."""
+        return dataclasses.replace(config, top_k=1)
+
+    @staticmethod
+    def to_rows(d: Dispatched) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        experts, capacity, hidden = d.hidden_states.shape
+        slot = torch.arange(capacity, device=d.hidden_states.device)
+        used = slot[None, :] < d.topk_ids.to(slot.dtype)[:, None]
+        local = torch.arange(experts, dtype=torch.int32, device=slot.device)[:, None].expand(experts, capacity)
+        ids = torch.where(used, local, torch.full_like(local, -1))
+        return d.hidden_states.reshape(-1, hidden), ids.reshape(-1, 1), d.topk_weights.reshape(-1, 1).float()
+
+    @staticmethod
+    def from_rows(y: torch.Tensor, d: Dispatched) -> torch.Tensor:
+        return y.view(d.hidden_states.shape)

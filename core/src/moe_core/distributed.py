@@ -1,34 +1,43 @@
 """A MoE layer sharded over a ``torch.distributed`` process group, its tokens moved by a dispatcher:
 ``DispatchedRunner`` (any dispatcher of group ``moe.a2a`` by name), ``ShardedRunner`` (``replicate``) and
-``AllToAllRunner`` (``all_to_all``).
+``AllToAllRunner`` (``all_to_all``); ``Parallel``, the same choices as one bundle for ``MoeLayer``.
 
 Every rank of the group holds one shard (``moe_core.sharding``) of a TP x EP grid — rank ``r`` is TP rank
 ``r % tp`` of EP rank ``r // tp`` — built for the problem its dispatcher hands it
 (``Dispatcher.local_config``), and runs it through a ``MoeRunner``; the dispatcher moves the tokens to it
 (``dispatch``) and the results back (``combine``): ``moe_core.dispatchers.replicate`` (every rank sees all
 tokens, experts held elsewhere masked, one float32 all-reduce) and ``moe_core.dispatchers.all_to_all`` (each
-(token, slot) pair sent to its expert's rank and back). Works with gloo on CPUs and NCCL on GPUs.
+(token, slot) pair sent to its expert's rank and back). A dispatcher handing ``expert_major_padded`` blocks
+has them converted to the runner's token-major rows (``moe_core.dispatch.ExpertMajorRows``). Works with gloo
+on CPUs and NCCL on GPUs.
 
-Construction checks that every rank was given the same problem, grid and dispatcher (an ``all_gather`` of a
-short description): different configs across ranks are an ``InvalidInputError`` naming the ranks that
-differ, on every rank, instead of a hang or a silently wrong sum; and that the bound fused op accepts the
-dispatcher's format (``moe_core.dispatch.check_formats``). A rank that dies is the process group's timeout
-(``init_process_group(timeout=...)``).
+The weights are the layer's full canonical weights (each rank keeps only its shard), or this rank's
+``Shard`` (``shard_weights``' result, or what a loader read from a checkpoint for this rank alone).
+
+Construction checks, on every rank at once (an ``all_gather`` of a short description), that every rank was
+given the same problem, grid, dispatcher and — for full weights — the same weights (a fingerprint of a
+sample of every tensor), and that every rank given a ``Shard`` was given its own: anything else is an
+``InvalidInputError`` naming the ranks, raised on every rank, instead of a hang or a silently wrong sum;
+and that the bound fused op reads the dispatcher's format (``moe_core.dispatch.check_formats``). A rank that
+dies or stops answering is the process group's timeout (``init_process_group(timeout=...)``) or the
+spawner's watch (``moe run``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from moe_core import guard
 from moe_core.config import MoeConfig
-from moe_core.dispatch import TOKEN_MAJOR, Dispatcher, Grid, check_formats, resolve
+from moe_core.dispatch import EXPERT_MAJOR, Dispatched, Dispatcher, ExpertMajorRows, Grid, resolve
 from moe_core.errors import InvalidInputError
 from moe_core.runner import MoeRunner
-from moe_core.sharding import Shard, check_placement, contiguous_placement, shard_weights
+from moe_core.sharding import Shard, check_placement, contiguous_placement, local_intermediate, shard_weights
 from moe_core.weights import MoeWeights
 
 
@@ -38,15 +47,15 @@ class DispatchedRunner:
     topk_weights)`` with the *global* ids returns the layer's output for the tokens this rank brought (which
     tokens a rank brings is the dispatcher's to say: all of them for ``replicate``, its own for ``all_to_all``).
 
-    ``weights`` are the full canonical weights (each rank keeps only its shard) and ``tp_size * ep_size`` must
-    be the group's size. Attributes: ``dispatcher``, ``shard``, ``runner`` (this rank's ``MoeRunner``),
-    ``group``, ``config``.
+    ``weights`` are the full canonical weights (each rank keeps only its shard) or this rank's ``Shard``, and
+    ``tp_size * ep_size`` must be the group's size. Attributes: ``dispatcher``, ``shard``, ``runner`` (this
+    rank's ``MoeRunner``), ``group``, ``config``, ``grid``, ``dispatcher_entry`` (the ``PluginEntry`` it came from).
     """
 
     def __init__(
         self,
         config: MoeConfig,
-        weights: MoeWeights,
+        weights: MoeWeights | Shard,
         *,
         dispatcher: str | type[Dispatcher],
         tp_size: int = 1,
@@ -61,31 +70,47 @@ class DispatchedRunner:
         if tp_size * ep_size != world:
             raise InvalidInputError(f"tp_size={tp_size} x ep_size={ep_size} must equal the group's {world} ranks")
         cls, entry = resolve(dispatcher)
-        if cls.format != TOKEN_MAJOR:
-            raise InvalidInputError(
-                f"dispatcher {cls.name!r} hands the experts {cls.format!r}; MoeRunner carries only {TOKEN_MAJOR!r}"
-            )
-        self.group, self.config, self.world = group, config, world
+        self.group, self.config, self.world, self.dispatcher_entry = group, config, world, entry
+        full = not isinstance(weights, Shard)
+        held = _fingerprint(weights) if full else "this rank's shard"
         _same_everywhere(f"{config!r} dispatcher={entry.qualified_name} tp={tp_size} ep={ep_size} "
-                         f"placement={placement}", rank, world, group)  # fmt: skip
+                         f"placement={placement} weights={held}", rank, world, group)  # fmt: skip
         experts = contiguous_placement(config.num_experts, ep_size) if placement is None else placement
-        grid = Grid(tp_size, ep_size, rank, tuple(check_placement(experts, config.num_experts)), weights.w13.device)
+        device = (weights.w13 if full else weights.weights.w13).device
+        self.grid = grid = Grid(tp_size, ep_size, rank, tuple(check_placement(experts, config.num_experts)), device)
         self.dispatcher: Dispatcher = guard.call(entry, "__init__", cls, config, grid, group)
         local = guard.call(entry, "local_config", self.dispatcher.local_config)
-        self.shard: Shard = shard_weights(
-            local, weights, tp_rank=grid.tp_rank, tp_size=tp_size, ep_rank=grid.ep_rank, ep_size=ep_size,
-            placement=grid.placement,
-        )  # fmt: skip
-        self.runner = MoeRunner(self.shard.config, self.shard.weights, backend=backend)
-        check_formats(cls, self.runner.selection.op)
+        # an expert-major block reaches the runner as top-1 token-major rows
+        self._rows = ExpertMajorRows if cls.format == EXPERT_MAJOR else None
+        if self._rows is not None:
+            local = self._rows.local_config(local)
+        if full:
+            self.shard: Shard = shard_weights(
+                local, weights, tp_rank=grid.tp_rank, tp_size=tp_size, ep_rank=grid.ep_rank, ep_size=ep_size,
+                placement=grid.placement,
+            )  # fmt: skip
+        else:
+            self.shard = _own_shard(weights, local, grid)
+        _no_error_anywhere(getattr(self.shard, "error", ""), rank, world, group)
+        # the runner refuses (or, under auto, skips) a fused op that cannot read the dispatcher's tokens
+        self.runner = MoeRunner(self.shard.config, self.shard.weights, backend=backend, dispatcher=cls)
+
+    def token_slice(self, num_tokens: int) -> slice:
+        """The rows of a batch of ``num_tokens`` that this rank brings (``Dispatcher.token_slice``)."""
+        return self.dispatcher.token_slice(num_tokens)
 
     def __call__(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         d = self.dispatcher.dispatch(hidden_states, topk_ids, topk_weights)
-        if d.hidden_states.shape[0]:
-            y = self.runner(d.hidden_states, d.topk_ids, d.topk_weights)
+        return self.dispatcher.combine(self._experts(d), d)
+
+    def _experts(self, d: Dispatched) -> torch.Tensor:
+        """This rank's experts on what ``dispatch`` handed them, laid out as the dispatcher's format."""
+        x, ids, weights = (d.hidden_states, d.topk_ids, d.topk_weights) if self._rows is None else self._rows.to_rows(d)
+        if x.shape[0]:
+            y = self.runner(x, ids, weights)
         else:  # this rank's experts received no token
-            y = d.hidden_states.new_zeros(0, self.config.hidden_size)
-        return self.dispatcher.combine(y, d)
+            y = x.new_zeros(0, self.config.hidden_size)
+        return y if self._rows is None else self._rows.from_rows(y, d)
 
 
 class ShardedRunner(DispatchedRunner):
@@ -117,6 +142,28 @@ class AllToAllRunner(DispatchedRunner):
                          backend=backend, group=group)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """How ``MoeLayer`` spreads its routed experts over ranks (``MoeLayer(..., parallel=Parallel(...))``):
+    ``DispatchedRunner``'s choices as one bundle. ``group``: the process group of the whole TP x EP grid
+    (None: the world; rank ``r`` of it is TP rank ``r % tp_size`` of EP rank ``r // tp_size``); ``ep_size``
+    None: the group's size over ``tp_size``; ``placement``: experts per EP rank (default contiguous);
+    ``dispatcher``: a name of group ``moe.a2a`` or a ``Dispatcher`` subclass."""
+
+    group: object = None
+    tp_size: int = 1
+    ep_size: int | None = None
+    placement: tuple[tuple[int, ...], ...] | None = None
+    dispatcher: str | type = "replicate"
+
+    def runner(self, config: MoeConfig, weights: MoeWeights | Shard, backend: str | type = "auto"):
+        """This rank's ``DispatchedRunner`` of the layer."""
+        return DispatchedRunner(
+            config, weights, dispatcher=self.dispatcher, tp_size=self.tp_size, ep_size=self.ep_size,
+            placement=self.placement, backend=backend, group=self.group,
+        )  # fmt: skip
+
+
 def _group(who: str, group) -> tuple[int, int]:
     """(size, this rank) of ``group``, which must be initialised."""
     if not dist.is_available() or not dist.is_initialized():
@@ -133,3 +180,48 @@ def _same_everywhere(description: str, rank: int, world: int, group) -> None:
             f"ranks {differ} were given another layer or grid than rank 0 (this is rank {rank}):\n"
             f"  rank 0: {gathered[0]}\n  rank {differ[0]}: {gathered[differ[0]]}"
         )
+
+
+def _no_error_anywhere(error: str, rank: int, world: int, group) -> None:
+    """Raise on every rank when any rank found ``error`` in what it was given (one ``all_gather``)."""
+    gathered: list[str | None] = [None] * world
+    dist.all_gather_object(gathered, error, group=group)
+    wrong = [r for r, e in enumerate(gathered) if e]
+    if wrong:
+        lines = "\n".join(f"  rank {r}: {gathered[r]}" for r in wrong)
+        raise InvalidInputError(f"ranks {wrong} were given weights that are not their shard (this is rank {rank}):\n"
+                                f"{lines}")  # fmt: skip
+
+
+def _own_shard(shard: Shard, local: MoeConfig, grid: Grid):
+    """``shard`` with the config this rank's runner solves, when it is this rank's; else an object whose
+    ``error`` says whose shard it is (raised on every rank by ``_no_error_anywhere``)."""
+    wanted = (grid.tp_rank, grid.tp_size, grid.ep_rank, grid.ep_size, grid.experts)
+    have = (shard.tp_rank, shard.tp_size, shard.ep_rank, shard.ep_size, shard.experts)
+    if have != wanted:
+        return _WrongShard(
+            f"the shard of tp_rank {have[0]}/{have[1]}, ep_rank {have[2]}/{have[3]} (experts {list(have[4])}); this "
+            f"rank is tp_rank {wanted[0]}/{wanted[1]}, ep_rank {wanted[2]}/{wanted[3]} (experts {list(wanted[4])})"
+        )
+    inter = local_intermediate(local, grid.tp_size)
+    config = dataclasses.replace(local, num_experts=len(grid.experts), intermediate_size=inter)
+    if dataclasses.replace(shard.config, top_k=config.top_k) != config:
+        return _WrongShard(f"a shard of another layer: {shard.config!r}, this rank's is {config!r}")
+    return dataclasses.replace(shard, config=config)
+
+
+@dataclass(frozen=True)
+class _WrongShard:
+    error: str
+
+
+def _fingerprint(weights: MoeWeights) -> str:
+    """Shapes, dtypes and an exact integer checksum of a strided sample (at most 4096 elements) of every
+    tensor: the same on every rank given the same weights, different for another seed or checkpoint."""
+    parts = []
+    for name, t in weights.tensors().items():
+        flat = t.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)].contiguous().view(torch.uint8).to(torch.int64)
+        weight = torch.arange(1, sample.numel() + 1, dtype=torch.int64, device=sample.device)
+        parts.append(f"{name}{list(t.shape)}:{str(t.dtype).removeprefix('torch.')}:{int((sample * weight).sum())}")
+    return " ".join(parts)

@@ -61,3 +61,7 @@ class PluginError(BackendError):
         super().__init__(message)
         self.step = step
         self.traceback = traceback
+
+
+class RankError(MoeError):
+    """A rank of a run over several processes raised, died or stopped answering; the message names it."""

@@ -15,6 +15,14 @@
   the routed output. The constant ids and ones are slices of buffers allocated once (``reserve``). The shared
   runner's ``a2a_backend`` is ``"none"``: every rank holds the whole shared MLP, nothing is dispatched.
 
+Over ranks (``parallel``, a ``moe_core.distributed.Parallel``): the routed experts are sharded over the
+bundle's process group (tensor parallelism splits ``I``, expert parallelism ``E``) and driven by its
+dispatcher (``DispatchedRunner``); each rank keeps only its shard of ``weights`` (or is given its ``Shard``).
+A forward takes the tokens this rank brings — the whole batch on every rank for ``replicate``, the rank's
+own for ``all_to_all`` — and returns their output. The shared experts are not sharded: every rank holds the
+whole shared MLP and runs it on its own tokens. Such a layer stays eager (the dispatchers' collectives are
+not captured in its CUDA graphs).
+
 Which backend runs the shared MLP (``shared_backend``):
 
 - ``None`` (default): the routed experts' ``backend`` argument. ``"auto"`` selects on its own (the shared
@@ -75,7 +83,8 @@ class MoeLayer(torch.nn.Module):
     included. Attributes: ``config``, ``router``, ``runner`` / ``backend`` (the routed experts' runner and
     its backend name), ``shared_runner`` / ``shared_backend`` / ``shared_gate`` (``None`` without shared
     experts), ``shared_fallback`` (why the shared MLP left the routed experts' explicit backend, else
-    ``None``), ``device``. See the module docstring for the shared backend rule, memory and ``state_dict``.
+    ``None``), ``device``, ``dispatched`` (the ``DispatchedRunner`` of a layer over ranks, else ``None``; its
+    ``runner`` is ``runner``). See the module docstring for the shared backend rule, memory and ``state_dict``.
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class MoeLayer(torch.nn.Module):
         backend: str | type = "auto",
         shared_backend: str | type | None = None,
         cuda_graph_max_tokens: int = CUDA_GRAPH_MAX_TOKENS,
+        parallel=None,
     ) -> None:
         super().__init__()
         if not isinstance(config, MoeConfig):
@@ -101,7 +111,17 @@ class MoeLayer(torch.nn.Module):
             _check_shared(shared, config, weights)
         self.config = config
         self.router = router  # a submodule when it is an nn.Module (nn.Module.__setattr__), else an attribute
-        self.runner = MoeRunner(config, weights, backend=backend)
+        self.dispatched = None
+        if parallel is None:
+            self.runner = MoeRunner(config, weights, backend=backend)
+        else:
+            from moe_core.distributed import Parallel
+
+            if not isinstance(parallel, Parallel):
+                raise InvalidInputError(f"parallel must be a distributed.Parallel, got {type(parallel).__name__}")
+            self.dispatched = parallel.runner(config, weights, backend)
+            self.runner = self.dispatched.runner
+        self._routed = self.runner if self.dispatched is None else self.dispatched
         self.device = self.runner.device
         self.shared_runner: MoeRunner | None = None
         self.shared_fallback: str | None = None
@@ -113,6 +133,8 @@ class MoeLayer(torch.nn.Module):
         if self.shared_runner is not None:
             self.reserve(INITIAL_TOKENS)
         graphs.label = f"MoeLayer on {self.backend!r}"
+        if self.dispatched is not None:
+            graphs.disabled = "a layer over ranks runs its dispatcher's collectives eagerly"
         for runner in (self.runner, self.shared_runner):
             if runner is not None and not runner.fused_op.capturable and graphs.disabled is None:
                 graphs.disabled = f"backend {runner.backend!r} cannot be captured in a CUDA graph (FusedOp.capturable)"
@@ -188,7 +210,7 @@ class MoeLayer(torch.nn.Module):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The flat forward ``[M, H] -> [M, H]``, eager or under capture (``self.graphs``)."""
         topk_ids, topk_weights = self.router(x)
-        out = self.runner(x, topk_ids, topk_weights)
+        out = self._routed(x, topk_ids, topk_weights)
         if self.shared_runner is not None:
             m = x.shape[0]
             if self.shared_gate is None:
@@ -239,6 +261,10 @@ class MoeLayer(torch.nn.Module):
             )
         if not isinstance(self.router, torch.nn.Module):
             parts.append(f"router={_describe_router(self.router)}")
+        if self.dispatched is not None:
+            grid = self.dispatched.grid
+            parts.append(f"parallel=(tp={grid.tp_size}, ep={grid.ep_size}, rank={grid.rank}, "
+                         f"dispatcher={self.dispatched.dispatcher.name!r})")  # fmt: skip
         parts.append(f"device={self.device}")
         return ", ".join(parts)
 

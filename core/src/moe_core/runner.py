@@ -44,6 +44,10 @@ class MoeRunner:
     off such an id still contributes zero and is never read past the weights:
     the backend handles it (``FusedOp.handles_invalid_ids``) or the runner
     masks it before ``apply``.
+
+    ``dispatcher``: the ``moe_core.dispatch.Dispatcher`` class whose tokens this runner runs (set by
+    ``DispatchedRunner``): ``auto`` skips the backends whose fused op cannot read them, an explicit one that
+    cannot is refused here, before any weight is prepared.
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class MoeRunner:
         *,
         registry: PluginRegistry | None = None,
         check_expert_ids: bool | None = None,
+        dispatcher: type | None = None,
     ) -> None:
         if not isinstance(config, MoeConfig):
             raise TypeError(f"config must be a MoeConfig, got {type(config).__name__}")
@@ -62,7 +67,7 @@ class MoeRunner:
         self.device = device
         self.problem = MoeProblem(config, device)
         fall_back = isinstance(backend, str) and backend == "auto"
-        self._bind_first(candidates(self.problem, backend, registry), weights, fall_back)
+        self._bind_first(candidates(self.problem, backend, registry, dispatcher), weights, fall_back)
         op = self.selection.op
         # ids outside [0, E): the backend gives them zero itself, or the runner masks them before apply
         self._mask_ids = not op.handles_invalid_ids

@@ -116,9 +116,13 @@ class _Seen:
     priority: float | None = None
 
 
-def _survey(problem: MoeProblem, registry: PluginRegistry, *, warn: bool) -> list[_Seen]:
+def _survey(
+    problem: MoeProblem, registry: PluginRegistry, *, warn: bool, dispatcher: type | None = None
+) -> list[_Seen]:
     """Every installed backend for ``problem``. ``warn``: the way ``auto`` treats a faulty plugin (a warning
-    each, an error under ``MOE_STRICT_PLUGINS``); else silently, as a reason on its row."""
+    each, an error under ``MOE_STRICT_PLUGINS``); else silently, as a reason on its row. ``dispatcher``: the
+    ``Dispatcher`` class whose tokens the op will run; an op that cannot read them is out, with the reason
+    (``moe_core.dispatch.format_refusal``)."""
     filters = registry.filters()
     dupes = registry.duplicates(filters)
     out = []
@@ -146,6 +150,10 @@ def _survey(problem: MoeProblem, registry: PluginRegistry, *, warn: bool) -> lis
         if op is None:
             out.append(_Seen(e, reason=f"serves a2a backends {_served(result)}, not {problem.config.a2a_backend!r}"))
             continue
+        refusal = _format_refusal(dispatcher, op)
+        if refusal:
+            out.append(_Seen(e, op, reason=refusal))
+            continue
         try:
             answer = guard.support(e, "check", op.check, problem)
             priority = guard.priority(e, op, problem) if answer else None
@@ -166,17 +174,17 @@ def explain(problem: MoeProblem, registry: PluginRegistry | None = None) -> list
 
 
 def explain_auto(
-    problem: MoeProblem, registry: PluginRegistry | None = None
+    problem: MoeProblem, registry: PluginRegistry | None = None, dispatcher: type | None = None
 ) -> tuple[tuple[Candidate, ...], list[Selection]]:
-    """(every installed backend as ``auto`` sees it for ``problem``, ``auto``'s order best first — ``[]`` when
-    it can choose none — each with its ``why``); nothing is warned about (``moe backends --explain``).
-    ``InvalidInputError`` for an unknown ``MOE_SELECTION_RULE``."""
-    return _auto_order(problem, registry or default_registry(), warn=False)
+    """(every installed backend as ``auto`` sees it for ``problem`` — for the tokens of ``dispatcher`` when
+    given —, ``auto``'s order best first — ``[]`` when it can choose none — each with its ``why``); nothing is
+    warned about (``moe backends --explain``). ``InvalidInputError`` for an unknown ``MOE_SELECTION_RULE``."""
+    return _auto_order(problem, registry or default_registry(), warn=False, dispatcher=dispatcher)
 
 
-def _explanation(problem: MoeProblem, registry: PluginRegistry) -> str:
+def _explanation(problem: MoeProblem, registry: PluginRegistry, dispatcher: type | None = None) -> str:
     lines = []
-    for s in _survey(problem, registry, warn=False):
+    for s in _survey(problem, registry, warn=False, dispatcher=dispatcher):
         if not s.answer:
             state = s.reason
         elif not s.answer.automatic:
@@ -202,20 +210,36 @@ def select(problem: MoeProblem, backend: str | type = "auto", registry: PluginRe
 
 
 def candidates(
-    problem: MoeProblem, backend: str | type = "auto", registry: PluginRegistry | None = None
+    problem: MoeProblem,
+    backend: str | type = "auto",
+    registry: PluginRegistry | None = None,
+    dispatcher: type | None = None,
 ) -> list[Selection]:
     """The fused ops that may run ``problem``, best first: one for an explicit backend; for ``"auto"``
     every supported one in priority order, so a runner whose first choice fails to bind can take the next.
 
     ``backend`` may also be a ``FusedOp`` subclass itself (as xarray's engines accept a class): no
     discovery, no entry point — for tests and experiments; its support check still runs through the door.
+    ``dispatcher``: the ``Dispatcher`` class whose tokens the op will run: ``auto`` passes over the ops that
+    cannot read them, an explicit backend that cannot is refused (``moe_core.dispatch.check_formats``).
     """
     if isinstance(backend, type):
-        return [_select_class(problem, backend)]
-    registry = registry or default_registry()
-    if backend == "auto":
-        return _auto_candidates(problem, registry)
-    return [_select_explicit(problem, backend, registry)]
+        chosen = [_select_class(problem, backend)]
+    else:
+        registry = registry or default_registry()
+        if backend == "auto":
+            return _auto_candidates(problem, registry, dispatcher)
+        chosen = [_select_explicit(problem, backend, registry)]
+    refusal = _format_refusal(dispatcher, chosen[0].op)
+    if refusal:
+        raise BackendUnavailableError(refusal)
+    return chosen
+
+
+def _format_refusal(dispatcher: type | None, op: type) -> str:
+    from moe_core.dispatch import format_refusal
+
+    return "" if dispatcher is None else format_refusal(dispatcher, op)
 
 
 def _select_class(problem: MoeProblem, op: type) -> Selection:
@@ -306,20 +330,20 @@ def skip(entry: PluginEntry, cause: str, strict: bool, error: BaseException | No
     warnings.warn(message, PluginWarning, stacklevel=4)
 
 
-def _auto_candidates(problem: MoeProblem, registry: PluginRegistry) -> list[Selection]:
-    _, ordered = _auto_order(problem, registry, warn=True)
+def _auto_candidates(problem: MoeProblem, registry: PluginRegistry, dispatcher: type | None) -> list[Selection]:
+    _, ordered = _auto_order(problem, registry, warn=True, dispatcher=dispatcher)
     if not ordered:
         raise BackendUnavailableError(
             f"no installed backend can run this problem ({_describe(problem)}) when chosen automatically.\n"
-            f"Every installed backend for this problem:\n{_explanation(problem, registry)}"
+            f"Every installed backend for this problem:\n{_explanation(problem, registry, dispatcher)}"
         )
     return ordered
 
 
 def _auto_order(
-    problem: MoeProblem, registry: PluginRegistry, *, warn: bool
+    problem: MoeProblem, registry: PluginRegistry, *, warn: bool, dispatcher: type | None = None
 ) -> tuple[tuple[Candidate, ...], list[Selection]]:
-    seen = _survey(problem, registry, warn=warn)
+    seen = _survey(problem, registry, warn=warn, dispatcher=dispatcher)
     pool = {s.entry.name: s for s in seen if s.answer and s.answer.automatic}
     priorities = {name: s.priority for name, s in pool.items()}
     try:

@@ -112,7 +112,7 @@ def shard_weights(
             f"layer's top_k (ids of experts elsewhere are -1), and top_k cannot exceed its experts. Use fewer EP "
             f"ranks, another placement, or a dispatcher that sends pairs one by one (AllToAllRunner)"
         )
-    inter = _local_intermediate(config, tp_size)
+    inter = local_intermediate(config, tp_size)
     local = dataclasses.replace(config, num_experts=len(experts), intermediate_size=inter)
     index = torch.tensor(experts, dtype=torch.long, device=weights.w13.device)
     pick = lambda t: None if t is None else t.index_select(0, index)
@@ -167,11 +167,11 @@ def check_grid(config: MoeConfig, tp_size: int, ep_size: int) -> None:
     """Refuse a TP x EP grid the layer cannot be sharded on (before any process starts)."""
     _positive("tp_size", tp_size)
     contiguous_placement(config.num_experts, ep_size)
-    _local_intermediate(config, tp_size)
+    local_intermediate(config, tp_size)
 
 
-def _local_intermediate(config: MoeConfig, tp_size: int) -> int:
-    """``I/tp``, refused where it does not divide or does not fall on the scheme's blocks and packing."""
+def local_intermediate(config: MoeConfig, tp_size: int) -> int:
+    """``I/tp`` of one TP rank, refused where it does not divide or does not fall on the scheme's blocks and packing."""
     full = config.intermediate_size
     if full % tp_size:
         raise InvalidInputError(f"tp_size={tp_size} does not divide the intermediate size I={full}")

@@ -91,3 +91,32 @@ def problem_config(args):
         has_bias=preset.has_bias if args.bias is None else args.bias,
         dtype=float_dtype(args.dtype),
     )
+
+
+def add_parallel(parser: argparse.ArgumentParser, what: str, *, many_dispatchers: bool = False) -> None:
+    """``--tp``, ``--ep``, ``--a2a`` and ``--timeout``: the layer sharded over TP x EP ranks (``what`` says
+    what a command does with them); ``many_dispatchers``: ``--a2a`` repeatable (``moe bench`` times each)."""
+    group = parser.add_argument_group(
+        "parallel (moe_core.distributed)",
+        "With --tp/--ep above 1 the layer is sharded over TP x EP ranks: spawned on this machine (gloo on the "
+        "CPU, NCCL with one GPU per rank), or, under torchrun, the ranks torchrun started (env:// "
+        f"initialisation). {what}",
+    )
+    group.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (split I)")
+    group.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (split E)")
+    group.add_argument(
+        "--a2a",
+        metavar="NAME",
+        action="append" if many_dispatchers else "store",
+        default=None,
+        help="token dispatcher of group moe.a2a (moe backends lists them): 'replicate' (default: every rank "
+        "brings every token, experts held elsewhere masked, one all-reduce) or 'all_to_all' (each rank brings "
+        "its share of the batch, each (token, expert) pair sent to its expert's rank and back; --tp 1), or an "
+        "installed plugin's; 'dist:NAME' picks a distribution" + ("; repeatable: each is timed" * many_dispatchers),
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds a collective waits for a rank before the run fails (a rank that dies ends it at once)",
+    )

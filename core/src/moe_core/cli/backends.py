@@ -36,6 +36,12 @@ def register(sub) -> None:
     shape = p.add_argument_group("the problem of --explain")
     add_problem(shape)
     add_device(shape)
+    shape.add_argument(
+        "--a2a",
+        metavar="NAME",
+        help="the token dispatcher the layer runs under (moe.a2a): backends whose fused op cannot read the format "
+        "it hands the experts are not usable, with that reason",
+    )
     p.set_defaults(handler=run)
 
 
@@ -105,13 +111,19 @@ def explain(args) -> int:
 
     config = problem_config(args)
     device = resolve_device(args)
-    candidates, order = explain_auto(MoeProblem(config, device))
+    dispatcher = None
+    if args.a2a:
+        from moe_core.dispatch import get_dispatcher
+
+        dispatcher = get_dispatcher(args.a2a)
+    candidates, order = explain_auto(MoeProblem(config, device), dispatcher=dispatcher)
     chosen = order[0] if order else None
     document = {
         "device": str(device),
         "problem": problem_key(config),
         "selection_table": str(table_path()),
         "rule": rule_name(),
+        "dispatcher": None if dispatcher is None else {"name": dispatcher.name, "format": dispatcher.format},
         "backends": [c.as_dict() for c in candidates],
         "auto": {"backend": chosen.name, "distribution": chosen.entry.distribution, "why": chosen.why}
         if chosen

@@ -32,7 +32,7 @@ import json
 import platform
 
 from moe_core.cli._console import stdout_console
-from moe_core.cli._options import add_device, add_dtype, add_tokens, resolve_device, token_counts
+from moe_core.cli._options import add_device, add_dtype, add_parallel, add_tokens, resolve_device, token_counts
 from moe_core.dtypes import float_dtype
 from moe_core.presets import MODEL_PRESETS, PRESETS, TOY_PRESETS
 
@@ -112,6 +112,14 @@ def register(sub) -> None:
         help="write a PNG plot of time vs tokens per preset: median with a min-p90 band, log-2 tokens axis, "
         "log µs axis (needs matplotlib: pip install 'moe-core[plot]')",
     )
+    add_parallel(
+        p,
+        "Each row is then the sharded layer's time per forward (the slowest rank's median; every rank's too) "
+        "against the single-process layer of the same backend, for each --a2a dispatcher (default replicate), "
+        "with the relative L2 error between the two outputs; eager forwards on the wall clock, samples started "
+        "at a barrier (--cold and --plot do not apply; default --repeat 10 on a CPU).",
+        many_dispatchers=True,
+    )
     p.set_defaults(handler=run)
 
 
@@ -139,6 +147,8 @@ def run(args) -> int:
         raise InvalidInputError("--max-copies must be >= 1")
     if args.tokens and any(t < 1 for t in args.tokens):
         raise InvalidInputError("--tokens values must be >= 1")
+    if args.tp * args.ep > 1 or args.a2a:
+        return _run_sharded(args)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -172,6 +182,49 @@ def run(args) -> int:
     else:
         _print(document, rows)
     return 0
+
+
+def _run_sharded(args) -> int:
+    """``moe bench --tp/--ep``: ``moe_core.cli._bench_ranks`` on the ranks, the document printed here."""
+    from moe_core.cli._bench_ranks import bench_ranks
+    from moe_core.cli._ranks import run_ranks
+    from moe_core.cli._sharded import check_parallel
+    from moe_core.errors import InvalidInputError
+
+    if args.cold or args.plot:
+        raise InvalidInputError("--cold and --plot time one process: they do not apply with --tp/--ep")
+    args.preset = args.preset or list(MODEL_PRESETS if resolve_device(args).type == "cuda" else TOY_PRESETS)
+    for name in args.preset:
+        check_parallel(args, PRESETS[name].config(args.scheme or args.dtype, float_dtype(args.dtype)))
+    document = run_ranks(bench_ranks, args, args.tp * args.ep, args.timeout)
+    if document is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(document, f, indent=2)
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        _print_sharded(document)
+    return 0
+
+
+def _print_sharded(document) -> None:
+    from rich.table import Table
+
+    where = document["processor"] or document["device"]
+    title = f"moe bench over {document['ranks']} ranks (tp={document['tp']}, ep={document['ep']}) on {where}"
+    table = Table(title=title, caption=f"µs per forward; {document['timing']}")
+    columns = ("preset", "scheme", "M", "backend", "dispatcher", "median µs", "per rank µs", "single µs", "vs single")
+    for col in (*columns, "rel. L2"):
+        table.add_column(col, justify="left" if col in ("preset", "scheme", "backend", "dispatcher") else "right")
+    for r in document["rows"]:
+        table.add_row(
+            r["preset"], r["scheme"], str(r["tokens"]), r["backend"], r["dispatcher"], f"{r['time_us']:.1f}",
+            " ".join(f"{t:.0f}" for t in r["rank_time_us"]), f"{r['single_us']:.1f}", f"{r['vs_single']:.2f}x",
+            f"{r['rel_l2_error']:.1e}",
+        )  # fmt: skip
+    stdout_console().print(table)
 
 
 def bench(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from moe_core.cli._console import stdout_console
-from moe_core.cli._options import add_device, add_problem, add_tokens, problem_config, resolve_device
+from moe_core.cli._options import add_device, add_parallel, add_problem, add_tokens, problem_config, resolve_device
 
 
 def register(sub) -> None:
@@ -26,15 +26,12 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verify", action="store_true", help="compare with the float64 reference")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    par = p.add_argument_group(
-        "parallel (moe_core.distributed: replicate and mask)",
-        "With --tp/--ep above 1 the layer is sharded over TP x EP ranks: spawned on this machine (gloo on the "
-        "CPU, NCCL with one GPU per rank), or, under torchrun, the ranks torchrun started (env:// initialisation). "
-        "Rank 0 reports; --verify compares the combined output with the single-process float64 reference.",
+    add_parallel(
+        p,
+        "Every rank builds the same weights and batch and keeps its shard; the dispatcher (--a2a) says which "
+        "tokens each rank brings. Rank 0 reports the whole batch's checksum and its own time; --verify compares "
+        "the whole batch's output, gathered from the ranks, with the single-process float64 reference.",
     )
-    par.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (split I)")
-    par.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (split E)")
-    par.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait for a rank")
     p.set_defaults(handler=run)
 
 
@@ -43,13 +40,11 @@ def run(args) -> int:
 
     if len(args.tokens) != 1 or args.repeat < 1:
         raise InvalidInputError("moe run takes one token count (--tokens 16) and --repeat >= 1")
-    if args.tp < 1 or args.ep < 1:
-        raise InvalidInputError("--tp and --ep must be >= 1")
+    from moe_core.cli._sharded import check_parallel
+
+    check_parallel(args, problem_config(args))
     if args.tp * args.ep > 1:
         from moe_core.cli._ranks import run_ranks
-        from moe_core.sharding import check_grid
-
-        check_grid(problem_config(args), args.tp, args.ep)
 
         report = run_ranks(_forward_report, args, args.tp * args.ep, args.timeout)
         return _finish(args, report)
@@ -66,16 +61,22 @@ def _forward_report(args, rank: int = 0, device=None) -> dict | None:
     device = device or resolve_device(args)
     config = problem_config(args)
     weights = random_weights(config, device, seed=args.seed)  # the same full weights on every rank
+    x, ids, tw = random_inputs(config, tokens, device, seed=args.seed + 1)  # the same batch on every rank
+    sharded = None
     if args.tp * args.ep > 1:
-        from moe_core.distributed import ShardedRunner
+        from moe_core.cli._sharded import dispatcher_names, sharded_runner, whole_output
 
-        sharded = ShardedRunner(config, weights, tp_size=args.tp, ep_size=args.ep, backend=args.backend)
-        runner, call = sharded.runner, sharded
+        sharded = sharded_runner(args, config, weights, dispatcher_names(args)[0], args.backend)
+        runner, mine = sharded.runner, sharded.token_slice(tokens)
+        x, ids, tw = x[mine], ids[mine], tw[mine]  # the rows this rank brings
+        call = sharded
     else:
         runner = call = MoeRunner(config, weights, backend=args.backend)
-    x, ids, tw = random_inputs(config, tokens, device, seed=args.seed + 1)
     out = call(x, ids, tw)
     us, _ = time_forward(lambda: call(x, ids, tw), device, repeat=args.repeat, use_graph=False)
+    if sharded is not None:
+        out = whole_output(sharded, out, tokens)
+        x, ids, tw = random_inputs(config, tokens, device, seed=args.seed + 1)
     if rank != 0:
         return None
     ms = us / 1e3
@@ -96,8 +97,17 @@ def _forward_report(args, rank: int = 0, device=None) -> dict | None:
         "checksum": float(out.double().sum()),
         "time_ms": ms,
     }
-    if args.tp * args.ep > 1:
-        report.update(tp=args.tp, ep=args.ep, ranks=args.tp * args.ep, dispatch="replicate-and-mask")
+    if sharded is not None:
+        d = sharded.dispatcher
+        report.update(
+            tp=args.tp,
+            ep=args.ep,
+            ranks=args.tp * args.ep,
+            dispatcher=d.name,
+            dispatcher_distribution=sharded.dispatcher_entry.distribution,
+            dispatch_format=d.format,
+            rank0_tokens=mine.stop - mine.start,
+        )
     if args.verify:
         from moe_core.reference import reference_for
         from moe_core.tolerances import relative_l2, tolerance

@@ -26,6 +26,9 @@ class ReplicateDispatcher(Dispatcher):
         super().__init__(config, grid, group)
         self._table = local_id_table(grid.experts, config.num_experts, grid.device)
 
+    def token_slice(self, num_tokens: int) -> slice:
+        return slice(0, num_tokens)  # every rank brings the whole batch
+
     def dispatch(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         return Dispatched(hidden_states, local_ids(topk_ids, self._table), topk_weights)
 

@@ -1,0 +1,174 @@
+"""``moe bench --tp N --ep M``: the sharded layer's time per forward on every rank, against the single-process
+layer, for each ``--a2a`` dispatcher.
+
+The ranks run what ``moe run``'s do (``moe_core.cli._sharded``: the same weights and batch on every rank,
+each rank its shard and the rows its dispatcher says). Per (preset, backend, dispatcher, M): three warm-up
+forwards; one timed forward on every rank decides, from the slowest, how many forwards one sample groups
+(about a millisecond, the same count on every rank, since each forward's collectives pair the ranks' calls);
+each of ``--repeat`` samples starts at a barrier and is timed on each rank's wall clock (after a device
+synchronisation on CUDA), eagerly: the dispatchers' collectives are not captured in CUDA graphs. The row's
+``time_us`` is the slowest rank's median (what the layer costs a model step); ``rank_time_us`` every rank's.
+The single-process layer is rank 0's ``MoeRunner`` of the same backend on the whole batch, timed the same way
+while the other ranks wait, and ``rel_l2_error`` compares the ranks' gathered output with its output.
+
+The document (``--json``, ``--output``): ``date``, ``device``, ``processor``, ``torch``, ``python``,
+``threads``, ``versions``, ``tp``, ``ep``, ``ranks``, ``timing`` (the method above, in a sentence),
+``options``, ``rows``; a row: ``preset``, ``scheme``, ``tokens``, ``backend``, ``distribution``,
+``dispatcher``, ``dispatcher_distribution``, ``dispatch_format``, ``rank_tokens`` (rows each rank brought),
+``time_us``, ``min_us``, ``rank_time_us``, ``samples``, ``calls_per_sample``, ``single_us``, ``vs_single``
+(``time_us / single_us``), ``rel_l2_error``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+import platform
+import time
+
+#: a sample groups forwards lasting at least this long, at most ``MAX_GROUP`` of them
+SAMPLE_TARGET_S = 1e-3
+MAX_GROUP = 1000
+WARMUP = 3
+TIMING = (
+    "eager forwards; a sample starts at a barrier, groups the same number of forwards on every rank and is "
+    "timed on each rank's wall clock; time_us is the slowest rank's median"
+)
+
+
+def bench_ranks(args, rank: int, device) -> dict | None:
+    """``run_ranks``' function: this rank's part of the benchmark; the document on rank 0, else None."""
+    import torch
+
+    from moe_core.cli._sharded import dispatcher_names, sharded_runner, whole_output
+    from moe_core.dtypes import float_dtype
+    from moe_core.presets import PRESETS
+    from moe_core.runner import MoeRunner
+    from moe_core.synthetic import random_inputs, random_weights
+    from moe_core.tolerances import relative_l2
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    on_gpu = device.type == "cuda"
+    presets = args.preset  # the command's defaults, chosen before the ranks started
+    tokens = args.tokens or ([1, 8, 64, 512, 4096] if on_gpu else [1, 16, 64])
+    repeat = args.repeat or (20 if on_gpu else 10)
+    rows = []
+    for preset in presets:
+        config = PRESETS[preset].config(args.scheme or args.dtype, float_dtype(args.dtype))
+        weights = random_weights(config, device)  # the same full weights on every rank
+        for backend in args.backend or ["auto"]:
+            single = MoeRunner(config, weights, backend=backend) if rank == 0 else None
+            alone: dict[int, tuple[float, torch.Tensor]] = {}
+            for name in dispatcher_names(args):
+                layer = sharded_runner(args, config, weights, name, backend)
+                for m in tokens:
+                    x, ids, tw = random_inputs(config, m, device, seed=1)  # the same batch on every rank
+                    mine = layer.token_slice(m)
+                    xs, idss, tws = x[mine], ids[mine], tw[mine]
+                    forward = functools.partial(layer, xs, idss, tws)
+                    out = whole_output(layer, forward(), m)
+                    samples, calls = _sample(forward, device, repeat, layer)
+                    medians = _gather(layer, (_median(samples), min(samples), mine.stop - mine.start))
+                    if rank == 0 and m not in alone:
+                        once = functools.partial(single, x, ids, tw)
+                        alone[m] = (_median(_sample(once, device, repeat)[0]), once())
+                    torch.distributed.barrier(group=layer.group)  # the others wait for the single-process timing
+                    if rank != 0:
+                        continue
+                    slowest = max(range(len(medians)), key=lambda r: medians[r][0])
+                    single_us, reference = alone[m]
+                    rows.append(
+                        {
+                            "preset": preset,
+                            "scheme": config.quant_scheme,
+                            "tokens": m,
+                            "backend": layer.runner.backend,
+                            "distribution": layer.runner.distribution,
+                            "dispatcher": layer.dispatcher.name,
+                            "dispatcher_distribution": layer.dispatcher_entry.distribution,
+                            "dispatch_format": layer.dispatcher.format,
+                            "rank_tokens": [r[2] for r in medians],
+                            "time_us": medians[slowest][0],
+                            "min_us": medians[slowest][1],
+                            "rank_time_us": [r[0] for r in medians],
+                            "samples": len(samples),
+                            "calls_per_sample": calls,
+                            "single_us": single_us,
+                            "vs_single": medians[slowest][0] / single_us,
+                            "rel_l2_error": relative_l2(out, reference) if m else 0.0,
+                        }
+                    )
+    if rank != 0:
+        return None
+    from moe_core.cli.bench import _processor, _versions
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        "processor": None if on_gpu else _processor(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "versions": _versions(),
+        "tp": args.tp,
+        "ep": args.ep,
+        "ranks": args.tp * args.ep,
+        "timing": TIMING,
+        "options": {
+            "presets": presets,
+            "tokens": tokens,
+            "backends": args.backend,
+            "dispatchers": dispatcher_names(args),
+            "scheme": args.scheme or args.dtype,
+            "dtype": args.dtype,
+            "repeat": repeat,
+        },
+        "rows": rows,
+    }
+
+
+def _sample(forward, device, repeat: int, layer=None) -> tuple[list[float], int]:
+    """(µs per forward of each of ``repeat`` samples, forwards per sample) by the module docstring's method:
+    over ``layer``'s ranks (the same count of forwards on each, a barrier before each sample), or, without a
+    layer, in this process alone."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(WARMUP):
+        forward()
+    sync()
+    start = time.perf_counter()
+    forward()
+    sync()
+    once = time.perf_counter() - start
+    if layer is not None:
+        once = max(_gather(layer, once))  # the slowest rank decides, so every rank makes the same calls
+    calls = max(1, min(MAX_GROUP, math.ceil(SAMPLE_TARGET_S / max(once, 1e-9))))
+    samples = []
+    for _ in range(repeat):
+        if layer is not None:
+            dist.barrier(group=layer.group)
+        start = time.perf_counter()
+        for _ in range(calls):
+            forward()
+        sync()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return samples, calls
+
+
+def _gather(layer, value) -> list:
+    """``value`` of every rank of ``layer``'s group, in rank order."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * layer.world
+    dist.all_gather_object(gathered, value, group=layer.group)
+    return gathered
+
+
+def _median(samples: list[float]) -> float:
+    from moe_core.timing import Timing
+
+    return Timing.of(samples, "wall clock").median_us
