@@ -1,6 +1,6 @@
 """Test sessions: core alone, each plugin with core, all plugins together, the
 example plugin's wheel, the ``moe new-plugin`` skeleton against our wheels, the SGLang
-integration inside SGLang on CPU, lint;
+integration inside SGLang and the vLLM integration inside vLLM on CPU, lint;
 and two that a plain ``nox`` leaves out: ``build`` (our wheels into ``dist/``) and
 ``gpu`` (on a CUDA machine, in its installed environment: ``tools/gpu.sh``).
 
@@ -53,6 +53,12 @@ EXAMPLE = "examples/moe-torch-grouped"
 #: the SGLang integration (distribution moe-sglang) and the one list of the SGLang it is tested against
 SGLANG = "integrations/sglang"
 SGLANG_REQUIREMENTS = ROOT / SGLANG / "requirements-sglang-cpu.txt"
+
+#: the vLLM integration (distribution moe-vllm) and the one list of the vLLM it is tested against
+VLLM = "integrations/vllm"
+VLLM_REQUIREMENTS = ROOT / VLLM / "requirements-vllm-cpu.txt"
+#: the lines of that list installed --no-deps (vllm pins a CUDA torch; xgrammar would bring triton)
+VLLM_NO_DEPS = ("vllm==", "xgrammar==")
 
 
 def _session(func=None, **options):
@@ -193,6 +199,12 @@ def new_plugin(session: nox.Session) -> None:
         session.error("the skeleton's conformance cases did not skip with its not-implemented reason")
 
 
+def _pins(requirements: Path) -> list[str]:
+    """The pinned lines of an engine's requirements file (comments and blank lines left out)."""
+    lines = [line.strip() for line in requirements.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
 @_session
 def sglang(session: nox.Session) -> None:
     """integrations/sglang (moe-sglang) inside SGLang on CPU: seed scenario, layers against SGLang's forward.
@@ -202,14 +214,30 @@ def sglang(session: nox.Session) -> None:
     ``--no-deps`` for the seed scenario (on a CPU its support check refuses on the device before flashinfer-python,
     ~2.3 GB with its CUDA libraries, would be read); core and the bridge from the working tree.
     """
-    lines = [line.strip() for line in SGLANG_REQUIREMENTS.read_text().splitlines()]
-    pins = [line for line in lines if line and not line.startswith("#")]
+    pins = _pins(SGLANG_REQUIREMENTS)
     engine = [pin for pin in pins if pin.startswith("sglang==")]
     session.install(*CONSTRAINTS, *(pin for pin in pins if pin not in engine))
     session.install(*CONSTRAINTS, "--no-deps", *engine)
     session.install(*CONSTRAINTS, "./core[test]", f"./{SGLANG}[test]")
     session.install(*CONSTRAINTS, "--no-deps", "./plugins/flashinfer-mxfp4")
     _pytest(session, f"{SGLANG}/tests")
+
+
+@_session
+def vllm(session: nox.Session) -> None:
+    """integrations/vllm (moe-vllm) inside vLLM on CPU: layers through moe's runner, fresh interpreters, policy.
+
+    vLLM from its pinned list (``requirements-vllm-cpu.txt``: the ``vllm==`` and ``xgrammar==`` lines ``--no-deps``,
+    because vLLM's wheel pins a CUDA torch and GPU kernels and xgrammar would bring triton, then what vLLM's MoE
+    layer modules import on a CPU); core and the bridge from the working tree. ``VLLM_TARGET_DEVICE=cpu`` selects
+    vLLM's CPU platform (set by the tests' conftest).
+    """
+    pins = _pins(VLLM_REQUIREMENTS)
+    no_deps = [pin for pin in pins if pin.startswith(VLLM_NO_DEPS)]
+    session.install(*CONSTRAINTS, *(pin for pin in pins if pin not in no_deps))
+    session.install(*CONSTRAINTS, "--no-deps", *no_deps)
+    session.install(*CONSTRAINTS, "./core[test]", f"./{VLLM}[test]")
+    _pytest(session, f"{VLLM}/tests")
 
 
 @_session
@@ -222,14 +250,15 @@ def lint(session: nox.Session) -> None:
 
 @_session(default=False)
 def build(session: nox.Session) -> None:
-    """Wheels of moe-core, every first-party plugin, the example and moe-sglang into dist/ (not run by a plain nox).
+    """Wheels of moe-core, every first-party plugin, the example, moe-sglang and moe-vllm into dist/ (not run by a
+    plain nox).
 
     moe-core is on no package index; install from these with ``pip install --find-links dist moe-core
     moe-triton`` (and a third-party plugin: ``pip install --find-links dist ./my-plugin``).
     """
     dist = ROOT / "dist"
     dist.mkdir(exist_ok=True)
-    for folder in ("core", *PLUGINS.values(), EXAMPLE, SGLANG):
+    for folder in ("core", *PLUGINS.values(), EXAMPLE, SGLANG, VLLM):
         wheel = Path(_wheel(session, folder))
         shutil.copy2(wheel, dist / wheel.name)
         session.log(f"dist/{wheel.name}")
