@@ -125,8 +125,15 @@ def test_auto_chooses_it_once_built(world):
     registry = PluginRegistry()
     candidates, order = explain_auto(cuda_problem(), registry)
     assert next(c for c in candidates if c.name == NAME).automatic
-    assert order[0].name == "flashinfer_mxfp4"  # priority 100 over the torch reference's 0
-    assert select(cuda_problem(), "auto", registry).name == "flashinfer_mxfp4"
+    names = [s.name for s in order]
+    assert names.index("flashinfer_mxfp4") < names.index("torch")  # SM90 priority 40 over the torch reference's 0
+
+
+def test_priority_is_lower_on_sm90_than_on_sm100(world):
+    world((9, 0), slim_built=True)
+    assert Op.priority_for(cuda_problem()) == Op.sm90_priority < 50 < Op.priority
+    world((10, 0))
+    assert Op.priority_for(cuda_problem()) == Op.priority == 100
 
 
 def test_an_explicit_bind_that_will_build_still_warns(world):

@@ -31,7 +31,12 @@ class FlashInferMxfp4FusedOp(FusedOp):
 
     name = "flashinfer_mxfp4"
     a2a_backends = ("none",)
+    #: on SM100 (trtllm-gen's native MXFP4 kernels); SM90 ranks lower, see ``priority_for``
     priority = 100
+    #: SM90 runs CUTLASS's mixed-input W4A16 GEMM (weights converted to bf16 in the main loop), which measured
+    #: slower than moe-triton's MXFP4 kernels on the H200 at every batch size (results/README.md, 2026-12-02
+    #: calls 4 and 7): below the 50 a tuned Triton family declares, so an unmeasured ``auto`` does not prefer it
+    sm90_priority = 40
     quant_schemes: ClassVar[frozenset[str]] = frozenset({"mxfp4"})
     activations: ClassVar[frozenset[str]] = frozenset({"silu", "swiglu_oai"})
     #: bf16 only: the SM90 W4A16 kernel rejects fp16 since flashinfer 0.6.18 (interleaved layout)
@@ -79,6 +84,11 @@ class FlashInferMxfp4FusedOp(FusedOp):
         from moe_flashinfer_mxfp4.warmup import first_use_support
 
         return first_use_support()
+
+    @classmethod
+    def priority_for(cls, problem: MoeProblem) -> float:
+        path, _ = devices.path_for_device(problem.device)
+        return cls.sm90_priority if path == devices.SM90_CUTLASS else cls.priority
 
     @classmethod
     def path(cls, device: torch.device) -> str:
