@@ -258,3 +258,12 @@ def test_runner_masks_invalid_ids_for_a_backend_that_does_not_handle_them(check)
     out = runner(x, ids, tw)
     assert seen and torch.equal(out[3], torch.zeros_like(out[3]))
     assert relative_l2(out, reference_for(cfg, w, x, ids, tw)) <= tolerance(cfg.quant_scheme, cfg.dtype)
+
+
+def test_describe_binding_names_backend_problem_and_why():
+    cfg, w = make()
+    named = MoeRunner(cfg, w, backend="torch").describe_binding("requested by --flag")
+    assert named.startswith("bound moe backend 'torch' (moe-core) for fp32 E=6 top_k=2 H=32 I=16 silu on cpu: ")
+    assert named.endswith("asked for by name ('torch')")  # the selection's own reason wins over the fallback
+    auto = MoeRunner(cfg, w, backend="auto").describe_binding()
+    assert ": " in auto and auto.split(": ", 1)[1]  # auto always says why it chose

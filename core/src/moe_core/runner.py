@@ -140,6 +140,18 @@ class MoeRunner:
 
     forward = __call__
 
+    def describe_binding(self, requested: str = "") -> str:
+        """One line for an engine's start-up log: the backend, its distribution, the problem, why it was chosen
+        (``requested`` where the selection gives no reason, e.g. an engine flag naming the backend). One wording
+        for every integration, so operators read the same sentence from SGLang, vLLM and transformers."""
+        c = self.config
+        why = self.selection.why or requested
+        return (
+            f"bound moe backend {self.backend!r} ({self.distribution}) for {c.quant_scheme} E={c.num_experts} "
+            f"top_k={c.top_k} H={c.hidden_size} I={c.intermediate_size} {c.activation} on {self.device}"
+            + (f": {why}" if why else "")
+        )
+
     def __repr__(self) -> str:
         c = self.config
         return (

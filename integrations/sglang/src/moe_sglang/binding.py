@@ -132,21 +132,10 @@ def bind(layer, binding: Binding) -> None:
     core.output_scale = None if scale in (None, 1.0) or fused else float(scale)
     core.runner = runner
     binding.runner = runner
-    why = runner.selection.why or f"requested by --moe-runner-backend {binding.choice}"
-    c = binding.shape.config
     logger.info(
-        "moe-sglang: %s bound moe backend %r (%s) for %s E=%d top_k=%d H=%d I=%d %s on %s: %s",
+        "moe-sglang: %s %s",
         _name(layer),
-        runner.backend,
-        runner.distribution,
-        c.quant_scheme,
-        c.num_experts,
-        c.top_k,
-        c.hidden_size,
-        c.intermediate_size,
-        c.activation,
-        runner.device,
-        why,
+        runner.describe_binding(f"requested by --moe-runner-backend {binding.choice}"),
     )
 
 

@@ -130,20 +130,5 @@ def bind(layer, binding: Binding) -> bool:
             return False
         raise type(exc)(f"{_context(request, layer)}: {exc}") from exc
     binding.runner = runner
-    why = runner.selection.why or f"requested by {request}"
-    c = binding.shape.config
-    logger.info(
-        "moe-vllm: %s bound moe backend %r (%s) for %s E=%d top_k=%d H=%d I=%d %s on %s: %s",
-        _name(layer),
-        runner.backend,
-        runner.distribution,
-        c.quant_scheme,
-        c.num_experts,
-        c.top_k,
-        c.hidden_size,
-        c.intermediate_size,
-        c.activation,
-        runner.device,
-        why,
-    )
+    logger.info("moe-vllm: %s %s", _name(layer), runner.describe_binding(f"requested by {request}"))
     return True
