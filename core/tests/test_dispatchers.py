@@ -288,3 +288,43 @@ def test_moe_run_uses_a_third_party_dispatcher_by_its_qualified_name(site):
     report = json.loads(proc.stdout)
     assert report["verified"] is True and report["rel_l2_error"] < 1e-5
     assert (report["dispatcher"], report["dispatcher_distribution"]) == ("fancy", "moe-fancy-a2a")
+
+
+class WrongShape(ReplicateDispatcher):
+    name = "wrong_shape"
+
+    def combine(self, expert_output, dispatched):
+        return super().combine(expert_output, dispatched)[:, :-1]
+
+
+class Exits(ReplicateDispatcher):
+    name = "exits"
+
+    def dispatch(self, hidden_states, topk_ids, topk_weights):
+        raise SystemExit(3)
+
+
+def _bad_dispatchers(rank: int, case: dict) -> None:
+    """A dispatcher's per-forward calls go through the door: a wrong result and a SystemExit are PluginErrors
+    naming the dispatcher, and the process goes on."""
+    from moe_core.distributed import DispatchedRunner
+    from moe_core.errors import PluginError
+    from moe_core.synthetic import random_inputs, random_weights
+
+    cfg = MoeConfig(8, 2, 64, 128, quant_scheme="fp32", dtype=torch.float32)
+    weights = random_weights(cfg, seed=3)
+    x, ids, tw = random_inputs(cfg, 5, seed=4)
+    import re
+
+    for cls, said in ((WrongShape, "combine returned (5, 63) torch.float32"), (Exits, "dispatch raised SystemExit")):
+        layer = DispatchedRunner(cfg, weights, dispatcher=cls, backend="torch")
+        with pytest.raises(PluginError, match=re.escape(said)) as caught:
+            layer(x, ids, tw)
+        assert f"test_dispatchers:{cls.__name__}" in str(caught.value)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
+def test_a_dispatchers_wrong_result_or_exit_is_a_plugin_error():
+    from test_distributed import _spawn
+
+    _spawn({}, 1, _bad_dispatchers)

@@ -100,10 +100,35 @@ class DispatchedRunner:
         return self.dispatcher.token_slice(num_tokens)
 
     def __call__(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
-        d = self.dispatcher.dispatch(hidden_states, topk_ids, topk_weights)
-        return self.dispatcher.combine(self._experts(d), d)
+        d = self.dispatch(hidden_states, topk_ids, topk_weights)
+        return self.combine(self.local_forward(d), d, hidden_states.shape[0])
 
-    def _experts(self, d: Dispatched) -> torch.Tensor:
+    def dispatch(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        """The dispatcher's ``dispatch`` through the door (``guard.forward_call``)."""
+        return guard.forward_call(
+            self.dispatcher_entry, "dispatch", self.dispatcher.dispatch, hidden_states, topk_ids, topk_weights
+        )
+
+    def combine(self, expert_output: torch.Tensor, d: Dispatched, num_tokens: int) -> torch.Tensor:
+        """The dispatcher's ``combine`` through the door, its result checked at it: ``[num_tokens, H]`` (the
+        tokens this rank brought) in the layer's dtype on this rank's device."""
+        out = guard.forward_call(self.dispatcher_entry, "combine", self.dispatcher.combine, expert_output, d)
+        want, device = (num_tokens, self.config.hidden_size), d.hidden_states.device
+        if (
+            not isinstance(out, torch.Tensor)
+            or tuple(out.shape) != want
+            or out.dtype != self.config.dtype
+            or out.device != device
+        ):
+            got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else repr(out)
+            raise guard.failure(
+                self.dispatcher_entry,
+                "combine",
+                f"returned {got}; the layer's output is {want} {self.config.dtype} on {device}",
+            )
+        return out
+
+    def local_forward(self, d: Dispatched) -> torch.Tensor:
         """This rank's experts on what ``dispatch`` handed them, laid out as the dispatcher's format."""
         x, ids, weights = (d.hidden_states, d.topk_ids, d.topk_weights) if self._rows is None else self._rows.to_rows(d)
         if x.shape[0]:

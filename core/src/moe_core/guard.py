@@ -48,6 +48,19 @@ def call(owner, step: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
         raise failure(owner, step, f"raised {type(exc).__name__}: {exc}", exc) from exc
 
 
+def forward_call(owner, step: str, fn: Callable[..., Any], *args) -> Any:
+    """A per-forward call into plugin code (a fused op's ``apply``, a dispatcher's ``dispatch`` / ``combine``):
+    its ``Exception`` reaches the caller as it is, so their own handling (out of memory, bad input) keeps
+    working; any other ``BaseException`` but ``KeyboardInterrupt`` (``SystemExit`` and the like) becomes a
+    ``PluginError`` naming the plugin, since it must not end the caller's process."""
+    try:
+        return fn(*args)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise failure(owner, step, f"raised {type(exc).__name__}: {exc}", exc) from exc
+
+
 def support(owner, step: str, fn: Callable[..., Any], *args):
     """A guarded support answer (``check``, ``available``, ``warmup``): must be a ``Support``."""
     from moe_core.fused_op import Support

@@ -128,14 +128,9 @@ class MoeRunner:
             validate_expert_ids(topk_ids, config.num_experts, self._allow_unassigned)
         if self._mask_ids:
             topk_ids, topk_weights = mask_invalid_ids(topk_ids, topk_weights, config.num_experts)
-        try:
-            result = self._apply(hidden_states, topk_ids, topk_weights, self.prepared, out)
-        except Exception:
-            raise  # the caller's own handling (out of memory, bad input) keeps working
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # SystemExit and the like must not end the caller's process
-            raise guard.failure(self.selection.entry, "apply", f"raised {type(exc).__name__}: {exc}", exc) from exc
+        result = guard.forward_call(
+            self.selection.entry, "apply", self._apply, hidden_states, topk_ids, topk_weights, self.prepared, out
+        )
         return check_result(self.backend, result, out, hidden_states, config)
 
     forward = __call__
