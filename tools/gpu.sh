@@ -66,6 +66,11 @@ Steps (default limit in seconds):
                        eager and graph times and error against moe's reference -> sglang.json. SGLang comes from
                        .sgl/: sglang-src.tar.xz (the sglang 0.5.23 wheel's Python files and metadata; its cp311
                        Rust extensions left out, the layer needs none) and .sgl/*.whl, installed into $SITE-sglang
+  ranks [BENCH ARGS]   (540)  on a machine with 2 GPUs (NCCL, NVLink multicast off): `moe run --verify --json`
+                       with --tp 2, --ep 2 and --ep 2 --a2a all_to_all for the four bf16 presets, gpt-oss-120b
+                       mxfp4 and deepseek-v3-tp8 fp8_block (triton) -> run-<preset>-<scheme>-<grid>.json; then
+                       `moe bench --tp 2` and `--ep 2` (replicate and all_to_all) at M = 1, 64, 512, 4096: time,
+                       communication share, achieved and peak link bandwidth -> bench-tp2.json, bench-ep2.json
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
                        M=1 and of its parts (router, runner, checks, apply) against transformers'
                        grouped_mm block -> overhead.json (transformers wheels in .whl/)
@@ -117,6 +122,7 @@ default_limit() {
     overhead) echo 180 ;;
     sglang) echo 300 ;;
     select) echo 540 ;;
+    ranks) echo 540 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
   esac
@@ -128,7 +134,7 @@ packages_for() {  # the folders a step needs installed
     tests | check | install)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
-    bench | door-cost | transformers | overhead) echo core plugins/triton-moe ;;
+    bench | door-cost | transformers | overhead | ranks) echo core plugins/triton-moe ;;
     sglang) echo core plugins/triton-moe plugins/flashinfer-mxfp4 integrations/sglang ;;
     select) echo core plugins/triton-moe plugins/flashinfer-mxfp4 examples/moe-torch-grouped ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
@@ -266,6 +272,28 @@ step_sglang() {  # SGLang from .sgl/ into its own target, ahead of $SITE (one ve
   "$PY" integrations/sglang/tools/gpu_bench.py --stub-sgl-kernel --json "$OUT/sglang.json" "$@"  # stand-in if absent
 }
 
+step_ranks() {  # issue 21's run: needs as many GPUs as ranks (nvidia-h200-x2); NCCL, NVLink multicast left off
+  local status=0 preset scheme n gpus
+  gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$gpus" -lt 2 ]; then echo "ranks: $gpus GPU(s) here; --tp 2 / --ep 2 need 2 (one per rank)"; return 1; fi
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  for spec in mixtral-8x7b:bf16 qwen3-30b-a3b:bf16 deepseek-v3-tp8:bf16 gpt-oss-120b:bf16 gpt-oss-120b:mxfp4 \
+              deepseek-v3-tp8:fp8_block; do
+    preset=${spec%%:*} scheme=${spec#*:}
+    for n in "--tp 2" "--ep 2" "--ep 2 --a2a all_to_all"; do
+      # shellcheck disable=SC2086
+      "$PY" -m moe_core.cli run --preset "$preset" --scheme "$scheme" --tokens 64 --backend triton $n --verify --json \
+        > "$OUT/run-$preset-$scheme-${n//[ -]/}.json" || status=1
+      tail -c 300 "$OUT/run-$preset-$scheme-${n//[ -]/}.json"; echo
+    done
+  done
+  "$PY" -m moe_core.cli bench --tp 2 --backend triton --tokens 1,64,512,4096 --json --output "$OUT/bench-tp2.json" \
+    "$@" > /dev/null || status=1
+  "$PY" -m moe_core.cli bench --ep 2 --a2a replicate --a2a all_to_all --backend triton --tokens 1,64,512,4096 \
+    --json --output "$OUT/bench-ep2.json" "$@" > /dev/null || status=1
+  return $status
+}
+
 step_transformers() {
   local status=0 families=()
   while [ $# -gt 0 ] && [[ $1 == qwen3-30b-a3b || $1 == gpt-oss-120b ]]; do families+=("$1"); shift; done
@@ -293,6 +321,7 @@ if [ "${1:-}" = --run-step ]; then
     overhead) "$PY" tools/layer_overhead.py --json "$OUT/overhead.json" "$@" ;;
     select) step_select "$@" ;;
     sglang) step_sglang "$@" ;;
+    ranks) step_ranks "$@" ;;
     install) echo "installed: $(cat "$(dirname "$OUT")/install.txt" 2>/dev/null | tail -n 1)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
@@ -307,7 +336,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead | select | sglang | install) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | install) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;

@@ -191,6 +191,15 @@ def test_bench_over_ranks_times_each_dispatcher_against_the_single_process_layer
         # which rows each rank brought: the whole batch (replicate) or its share (all_to_all)
         shares = [r["tokens"]] * 2 if r["dispatcher"] == "replicate" else [(r["tokens"] + 1) // 2, r["tokens"] // 2]
         assert r["rank_tokens"] == shares
+        # where the time went, and what the collectives moved (core's dispatchers say their bytes)
+        assert set(r["phase_us"]) == {"dispatch", "experts", "combine"} and all(v > 0 for v in r["phase_us"].values())
+        assert 0 < r["comm_share"] < 1 and len(r["wire_bytes"]) == 2
+        assert r["wire_gbps"] > 0 and r["of_link_peak"] > 0
+    h = 128  # the tiny preset: replicate all-reduces every token's float32 row, 2 (n - 1) / n of it per rank
+    assert [r["wire_bytes"] for r in doc["rows"][:2]] == [[m * h * 4] * 2 for m in (1, 5)]
+    assert all(b > 0 for b in doc["rows"][3]["wire_bytes"])  # all_to_all, 5 tokens: both ranks send pairs
+    assert doc["link"]["buffer_bytes"] == 8 * 2**20
+    assert doc["link"]["all_reduce_bus_gbps"] > 0 and doc["link"]["all_to_all_gbps"] > 0
     # the single-process layer is timed once per token count and shared by the dispatchers' rows
     assert doc["rows"][0]["single_us"] == doc["rows"][2]["single_us"]
 

@@ -133,6 +133,12 @@ class Dispatcher:
         in ``config.dtype``."""
         raise NotImplementedError(f"{type(self).__name__}.combine is not implemented")
 
+    def wire_bytes(self, dispatched: Dispatched) -> int | None:
+        """Bytes this rank sends to the other ranks in one forward's ``dispatch`` and ``combine`` (None: not
+        said). Only read by ``moe bench --tp/--ep``, which divides it by the time of those two steps for the
+        achieved bandwidth, compared with the link's measured peak."""
+        return None
+
 
 def get_dispatcher(spec: str | type, registry=None) -> type[Dispatcher]:
     """The dispatcher class named ``spec`` (``"all_to_all"``, or ``"moe-core:all_to_all"`` to pick a

@@ -11,12 +11,23 @@ synchronisation on CUDA), eagerly: the dispatchers' collectives are not captured
 The single-process layer is rank 0's ``MoeRunner`` of the same backend on the whole batch, timed the same way
 while the other ranks wait, and ``rel_l2_error`` compares the ranks' gathered output with its output.
 
+Where the time goes: ``--repeat`` more forwards on every rank with a device synchronisation between the
+three steps (``dispatch``, the local experts, ``combine``: these syncs make the steps' sum a little above the
+plain forward) give each rank's median per step; ``phase_us`` is the slowest rank's, ``comm_share`` the part
+of it in ``dispatch`` and ``combine`` (the collectives and the indexing around them), and, where the
+dispatcher says how many bytes it sent (``Dispatcher.wire_bytes``), ``wire_gbps`` is that over those two
+steps' time on the slowest rank, and ``of_link_peak`` its ratio to the link's measured peak. The peak is
+measured once per run in the same world (``link``): ``all_reduce`` of a float32 buffer (bus bandwidth, as
+nccl-tests counts it: 2 (n - 1) / n of the buffer per rank) and ``all_to_all_single`` (the (n - 1) / n of the
+buffer each rank sends), median of five, in GB/s; ``of_link_peak`` divides by the larger of the two.
+
 The document (``--json``, ``--output``): ``date``, ``device``, ``processor``, ``torch``, ``python``,
 ``threads``, ``versions``, ``tp``, ``ep``, ``ranks``, ``timing`` (the method above, in a sentence),
-``options``, ``rows``; a row: ``preset``, ``scheme``, ``tokens``, ``backend``, ``distribution``,
+``link``, ``options``, ``rows``; a row: ``preset``, ``scheme``, ``tokens``, ``backend``, ``distribution``,
 ``dispatcher``, ``dispatcher_distribution``, ``dispatch_format``, ``rank_tokens`` (rows each rank brought),
 ``time_us``, ``min_us``, ``rank_time_us``, ``samples``, ``calls_per_sample``, ``single_us``, ``vs_single``
-(``time_us / single_us``), ``rel_l2_error``.
+(``time_us / single_us``), ``rel_l2_error``, ``phase_us`` (``dispatch``, ``experts``, ``combine``),
+``comm_share``, ``wire_bytes`` (every rank's, or None), ``wire_gbps``, ``of_link_peak``.
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ def bench_ranks(args, rank: int, device) -> dict | None:
     tokens = args.tokens or ([1, 8, 64, 512, 4096] if on_gpu else [1, 16, 64])
     repeat = args.repeat or (20 if on_gpu else 10)
     rows = []
+    link = _link_peak(device)
     for preset in presets:
         config = PRESETS[preset].config(args.scheme or args.dtype, float_dtype(args.dtype))
         weights = random_weights(config, device)  # the same full weights on every rank
@@ -70,7 +82,8 @@ def bench_ranks(args, rank: int, device) -> dict | None:
                     forward = functools.partial(layer, xs, idss, tws)
                     out = whole_output(layer, forward(), m)
                     samples, calls = _sample(forward, device, repeat, layer)
-                    medians = _gather(layer, (_median(samples), min(samples), mine.stop - mine.start))
+                    phases, wire = _phases(layer, (xs, idss, tws), device, repeat)
+                    medians = _gather(layer, (_median(samples), min(samples), mine.stop - mine.start, phases, wire))
                     if rank == 0 and m not in alone:
                         once = functools.partial(single, x, ids, tw)
                         alone[m] = (_median(_sample(once, device, repeat)[0]), once())
@@ -79,6 +92,10 @@ def bench_ranks(args, rank: int, device) -> dict | None:
                         continue
                     slowest = max(range(len(medians)), key=lambda r: medians[r][0])
                     single_us, reference = alone[m]
+                    split = max((r[3] for r in medians), key=lambda p: sum(p.values()))  # the slowest rank's steps
+                    comm_us = split["dispatch"] + split["combine"]
+                    wires = [r[4] for r in medians]
+                    gbps = (max(wires) / (comm_us * 1e3)) if None not in wires and comm_us > 0 else None
                     rows.append(
                         {
                             "preset": preset,
@@ -98,6 +115,11 @@ def bench_ranks(args, rank: int, device) -> dict | None:
                             "single_us": single_us,
                             "vs_single": medians[slowest][0] / single_us,
                             "rel_l2_error": relative_l2(out, reference) if m else 0.0,
+                            "phase_us": split,
+                            "comm_share": comm_us / sum(split.values()),
+                            "wire_bytes": wires,
+                            "wire_gbps": gbps,
+                            "of_link_peak": None if gbps is None else gbps / max(link.values()),
                         }
                     )
     if rank != 0:
@@ -116,6 +138,7 @@ def bench_ranks(args, rank: int, device) -> dict | None:
         "ep": args.ep,
         "ranks": args.tp * args.ep,
         "timing": TIMING,
+        "link": {"buffer_bytes": _link_bytes(device), **{f"{k}_gbps": v for k, v in link.items()}},
         "options": {
             "presets": presets,
             "tokens": tokens,
@@ -157,6 +180,66 @@ def _sample(forward, device, repeat: int, layer=None) -> tuple[list[float], int]
         sync()
         samples.append((time.perf_counter() - start) / calls * 1e6)
     return samples, calls
+
+
+def _phases(layer, inputs, device, repeat: int) -> tuple[dict, int | None]:
+    """This rank's median µs of ``dispatch``, the local experts and ``combine`` (a device synchronisation
+    between them; every rank makes the same calls), and the bytes its dispatcher says one forward sent."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    steps: dict[str, list[float]] = {"dispatch": [], "experts": [], "combine": []}
+    wire = None
+    m = inputs[0].shape[0]
+    for _ in range(repeat):
+        dist.barrier(group=layer.group)
+        sync()
+        t0 = time.perf_counter()
+        d = layer.dispatch(*inputs)
+        sync()
+        t1 = time.perf_counter()
+        y = layer.local_forward(d)
+        sync()
+        t2 = time.perf_counter()
+        layer.combine(y, d, m)
+        sync()
+        t3 = time.perf_counter()
+        for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            steps[name].append(seconds * 1e6)
+        wire = layer.dispatcher.wire_bytes(d)
+    return {name: _median(values) for name, values in steps.items()}, wire
+
+
+def _link_bytes(device) -> int:
+    return (256 if device.type == "cuda" else 8) * 2**20
+
+
+def _link_peak(device) -> dict[str, float]:
+    """GB/s of the world's links, by the module docstring's method (every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    n, size = dist.get_world_size(), _link_bytes(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+    out = torch.empty_like(buf)
+    rates = {}
+    for name, op, moved in (
+        ("all_reduce_bus", lambda: dist.all_reduce(buf), 2 * (n - 1) * size / n),
+        ("all_to_all", lambda: dist.all_to_all_single(out, buf), (n - 1) * size / n),
+    ):
+        op()  # warm-up: the first call sets the connections up
+        times = []
+        for _ in range(5):
+            dist.barrier()
+            sync()
+            start = time.perf_counter()
+            op()
+            sync()
+            times.append(time.perf_counter() - start)
+        rates[name] = moved / sorted(times)[2] / 1e9
+    return rates
 
 
 def _gather(layer, value) -> list:

@@ -214,15 +214,21 @@ def _print_sharded(document) -> None:
 
     where = document["processor"] or document["device"]
     title = f"moe bench over {document['ranks']} ranks (tp={document['tp']}, ep={document['ep']}) on {where}"
-    table = Table(title=title, caption=f"µs per forward; {document['timing']}")
+    link = document["link"]
+    caption = (
+        f"µs per forward; {document['timing']}; comm = dispatch + combine share of the synchronised steps; link "
+        f"peak all_reduce {link['all_reduce_bus_gbps']:.1f} / all_to_all {link['all_to_all_gbps']:.1f} GB/s"
+    )
+    table = Table(title=title, caption=caption)
     columns = ("preset", "scheme", "M", "backend", "dispatcher", "median µs", "per rank µs", "single µs", "vs single")
-    for col in (*columns, "rel. L2"):
+    for col in (*columns, "comm", "GB/s (of peak)", "rel. L2"):
         table.add_column(col, justify="left" if col in ("preset", "scheme", "backend", "dispatcher") else "right")
     for r in document["rows"]:
+        wire = "-" if r["wire_gbps"] is None else f"{r['wire_gbps']:.3g} ({r['of_link_peak']:.0%})"
         table.add_row(
             r["preset"], r["scheme"], str(r["tokens"]), r["backend"], r["dispatcher"], f"{r['time_us']:.1f}",
             " ".join(f"{t:.0f}" for t in r["rank_time_us"]), f"{r['single_us']:.1f}", f"{r['vs_single']:.2f}x",
-            f"{r['rel_l2_error']:.1e}",
+            f"{r['comm_share']:.0%}", wire, f"{r['rel_l2_error']:.1e}",
         )  # fmt: skip
     stdout_console().print(table)
 

@@ -60,6 +60,16 @@ class AllToAllDispatcher(Dispatcher):
         w_in = self._exchange(weight, rows, recv_splits, send_splits)
         return Dispatched(x_in, ids_in[:, None], w_in[:, None], state=(m, token, send_splits, recv_splits))
 
+    def wire_bytes(self, dispatched: Dispatched) -> int:
+        # dispatch: the counts, then each pair sent elsewhere as a row, an int32 id and a float32 weight;
+        # combine: each pair received from elsewhere back as a float32 row (rows to and from this rank stay here)
+        _, _, send_splits, recv_splits = dispatched.state
+        me = self.grid.ep_rank
+        sent = sum(send_splits) - send_splits[me]
+        received = sum(recv_splits) - recv_splits[me]
+        h, row = self.config.hidden_size, self.config.hidden_size * self.config.dtype.itemsize
+        return 8 * (len(send_splits) - 1) + sent * (row + 8) + received * h * 4
+
     def combine(self, expert_output: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         m, token, send_splits, recv_splits = dispatched.state
         back = self._exchange(expert_output.float(), len(token), send_splits, recv_splits)

@@ -32,6 +32,11 @@ class ReplicateDispatcher(Dispatcher):
     def dispatch(self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         return Dispatched(hidden_states, local_ids(topk_ids, self._table), topk_weights)
 
+    def wire_bytes(self, dispatched: Dispatched) -> int:
+        # a ring all-reduce of the float32 partial output: each rank sends 2 (n - 1) / n of it
+        n = dist.get_world_size(self.group)
+        return 2 * (n - 1) * dispatched.hidden_states.shape[0] * self.config.hidden_size * 4 // n
+
     def combine(self, expert_output: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         partial = expert_output.float()
         dist.all_reduce(partial, group=self.group)
