@@ -267,3 +267,15 @@ def test_describe_binding_names_backend_problem_and_why():
     assert named.endswith("asked for by name ('torch')")  # the selection's own reason wins over the fallback
     auto = MoeRunner(cfg, w, backend="auto").describe_binding()
     assert ": " in auto and auto.split(": ", 1)[1]  # auto always says why it chose
+
+
+def test_count_forwards_sees_runners_bound_after_it(monkeypatch):
+    from moe_core.testing.counting import count_forwards
+
+    calls = count_forwards(monkeypatch)
+    cfg, w = make()
+    runner = MoeRunner(cfg, w, backend="torch")
+    x, ids, tw = random_inputs(cfg, 3)
+    runner(x, ids, tw)
+    runner(x, ids, tw)
+    assert calls == ["fp32", "fp32"]

@@ -27,17 +27,9 @@ def vllm_with_moe():
 @pytest.fixture
 def torch_calls(monkeypatch):
     """How many times moe's torch backend ran a forward (patched on the class before any runner binds it)."""
-    from moe_core.backends.torch.fused_op import TorchFusedOp
+    from moe_core.testing.counting import count_forwards
 
-    calls = []
-    original = TorchFusedOp.apply
-
-    def counted(self, *args, **kwargs):
-        calls.append(self.config.quant_scheme)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(TorchFusedOp, "apply", counted)
-    return calls
+    return count_forwards(monkeypatch)
 
 
 @pytest.fixture
