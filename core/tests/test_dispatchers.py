@@ -279,15 +279,37 @@ def test_an_expert_major_dispatcher_runs_a_layer_on_gloo():
     _spawn({}, 2, _expert_major)
 
 
+# counts each rank's forwards in a file; rank 1 returns late from its first forward, so the ranks' clocks
+# disagree when timing starts (a timer that sized its warm-up by the clock would make rank 0 stop early)
+COUNTING = """
+def dispatch(self, hidden_states, topk_ids, topk_weights):
+    import os
+    with open(os.path.join(os.environ["MOE_TEST_COUNTS"], str(self.grid.rank)), "a") as f:
+        f.write("x")
+    return super().dispatch(hidden_states, topk_ids, topk_weights)
+
+def combine(self, expert_output, dispatched):
+    import time
+    out = super().combine(expert_output, dispatched)
+    if self.grid.rank == 1 and not getattr(self, "_late", False):
+        self._late = True
+        time.sleep(0.2)
+    return out
+"""
+
+
 @pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="needs gloo")
-def test_moe_run_uses_a_third_party_dispatcher_by_its_qualified_name(site):
-    _add(site, "moe-fancy-a2a", "fancy")
+def test_moe_run_uses_a_third_party_dispatcher_by_its_qualified_name(site, tmp_path):
+    _add(site, "moe-fancy-a2a", "fancy", body=COUNTING)
     proc = site.moe("run", "--ep", "2", "--a2a", "moe-fancy-a2a:fancy", "--dtype", "fp32", "--tokens", "5", "--verify",
-                    "--json", "--device", "cpu")  # fmt: skip
+                    "--json", "--device", "cpu", "--timeout", "20", env={"MOE_TEST_COUNTS": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["verified"] is True and report["rel_l2_error"] < 1e-5
     assert (report["dispatcher"], report["dispatcher_distribution"]) == ("fancy", "moe-fancy-a2a")
+    # every forward pairs the ranks' collectives: both ranks made the same number of them (timing included)
+    counts = [len((tmp_path / str(r)).read_text()) for r in range(2)]
+    assert counts[0] == counts[1] > 5, counts
 
 
 class WrongShape(ReplicateDispatcher):

@@ -81,12 +81,12 @@ def bench_ranks(args, rank: int, device) -> dict | None:
                     xs, idss, tws = x[mine], ids[mine], tw[mine]
                     forward = functools.partial(layer, xs, idss, tws)
                     out = whole_output(layer, forward(), m)
-                    samples, calls = _sample(forward, device, repeat, layer)
+                    samples, calls = sample_forwards(forward, device, repeat, layer)
                     phases, wire = _phases(layer, (xs, idss, tws), device, repeat)
-                    medians = _gather(layer, (_median(samples), min(samples), mine.stop - mine.start, phases, wire))
+                    medians = _gather(layer, (median_us(samples), min(samples), mine.stop - mine.start, phases, wire))
                     if rank == 0 and m not in alone:
                         once = functools.partial(single, x, ids, tw)
-                        alone[m] = (_median(_sample(once, device, repeat)[0]), once())
+                        alone[m] = (median_us(sample_forwards(once, device, repeat)[0]), once())
                     torch.distributed.barrier(group=layer.group)  # the others wait for the single-process timing
                     if rank != 0:
                         continue
@@ -152,7 +152,7 @@ def bench_ranks(args, rank: int, device) -> dict | None:
     }
 
 
-def _sample(forward, device, repeat: int, layer=None) -> tuple[list[float], int]:
+def sample_forwards(forward, device, repeat: int, layer=None) -> tuple[list[float], int]:
     """(µs per forward of each of ``repeat`` samples, forwards per sample) by the module docstring's method:
     over ``layer``'s ranks (the same count of forwards on each, a barrier before each sample), or, without a
     layer, in this process alone."""
@@ -208,7 +208,7 @@ def _phases(layer, inputs, device, repeat: int) -> tuple[dict, int | None]:
         for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             steps[name].append(seconds * 1e6)
         wire = layer.dispatcher.wire_bytes(d)
-    return {name: _median(values) for name, values in steps.items()}, wire
+    return {name: median_us(values) for name, values in steps.items()}, wire
 
 
 def _link_bytes(device) -> int:
@@ -251,7 +251,7 @@ def _gather(layer, value) -> list:
     return gathered
 
 
-def _median(samples: list[float]) -> float:
+def median_us(samples: list[float]) -> float:
     from moe_core.timing import Timing
 
     return Timing.of(samples, "wall clock").median_us
