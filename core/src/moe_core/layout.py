@@ -31,6 +31,14 @@ def swap_gate_up(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
     return torch.cat([up, gate], dim=dim).contiguous()
 
 
+def deinterleave_gate_up(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Interleaved rows (gate, up, gate, up, ...: gpt-oss checkpoints, SGLang's and vLLM's swiglu layers) ->
+    canonical ``[gate; up]`` along ``dim``."""
+    _check(t, dim)
+    rows = t.movedim(dim, 0)
+    return torch.cat([rows[0::2], rows[1::2]]).movedim(0, dim).contiguous()
+
+
 # ---- 128x4 block-scale swizzle ------------------------------------------------
 #
 # NVIDIA's block-scaled tensor-core GEMMs (SM100+ ``tcgen05`` block-scaled MMA,

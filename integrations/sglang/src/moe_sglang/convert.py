@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.config import MoeConfig
+from moe_core.layout import deinterleave_gate_up, swap_gate_up
 from moe_core.weights import MoeWeights
 
 #: quant scheme by SGLang quantization method class name (the classes moe-sglang hooks)
@@ -116,9 +117,9 @@ def _rows13(t: torch.Tensor, shape: LayerShape) -> torch.Tensor:
     i = shape.config.intermediate_size
     t = t[:, : 2 * i]
     if shape.interleaved:
-        return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
+        return deinterleave_gate_up(t)
     if shape.up_first:
-        return torch.cat([t[:, i:], t[:, :i]], dim=1)
+        return swap_gate_up(t)
     return t
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.config import MoeConfig
+from moe_core.layout import deinterleave_gate_up
 from moe_core.weights import MoeWeights
 
 _FLOAT_SCHEMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -93,9 +94,7 @@ def layer_shape(layer) -> LayerShape:
 
 def _rows13(t: torch.Tensor, shape: LayerShape) -> torch.Tensor:
     """w13-like rows (weights, biases; dim 1) in canonical ``[gate; up]`` order."""
-    if shape.interleaved:
-        return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
-    return t
+    return deinterleave_gate_up(t) if shape.interleaved else t
 
 
 def canonical_weights(layer, shape: LayerShape) -> MoeWeights:
