@@ -144,6 +144,16 @@ def test_duplicate_resolved_by_block_list(site, monkeypatch):
     assert select(PROBLEM, "fast", site.registry()).entry.distribution == "moe-fast-b"
 
 
+def test_enabled_names_are_sorted_once_each_and_filtered(site, monkeypatch):
+    site.add("moe-fast-a", "fast")
+    site.add("moe-fast-b", "fast")
+    site.add("moe-one", "one")
+    names = site.registry().enabled_names()
+    assert names == sorted(set(names)) and {"fast", "one", "torch"} <= set(names)
+    monkeypatch.setenv("MOE_DISABLE_PLUGINS", "one")
+    assert "one" not in site.registry().enabled_names()
+
+
 def test_allow_list(site, monkeypatch):
     site.add("moe-one", "one")
     site.add("moe-two", "two")

@@ -120,6 +120,11 @@ class PluginRegistry:
         filters = filters or self.filters()
         return [e for e in self.entries() if filters.disabled_reason(e.name, e.distribution) is None]
 
+    def enabled_names(self) -> list[str]:
+        """The names of the enabled entries, sorted, each once (two distributions may provide one name): what an
+        engine bridge offers its operators, read from metadata without importing a plugin."""
+        return sorted({e.name for e in self.enabled_entries()})
+
     def duplicates(self, filters: PluginFilters | None = None) -> dict[str, list[PluginEntry]]:
         """Names (of backends, or of dispatchers) that more than one enabled distribution provides."""
         by_name: dict[str, list[PluginEntry]] = defaultdict(list)

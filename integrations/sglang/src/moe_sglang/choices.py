@@ -18,8 +18,7 @@ AUTO = PREFIX
 def choices() -> list[str]:
     """``moe`` then ``moe:<backend>`` for every enabled installed moe backend (MOE_PLUGINS / MOE_DISABLE_PLUGINS
     apply), sorted, each once even when two distributions provide the same backend name."""
-    names = sorted({entry.name for entry in default_registry().enabled_entries()})
-    return [AUTO, *(f"{PREFIX}:{name}" for name in names)]
+    return [AUTO, *(f"{PREFIX}:{name}" for name in default_registry().enabled_names())]
 
 
 def moe_backend(choice: str) -> str | None:

@@ -6,7 +6,7 @@ does not say); the configuration wins where both are set. Values: ``auto`` (moe'
 backend by name (``torch``, ``triton``, ...; ``moe backends`` lists them), or ``off`` / unset: vLLM's own path.
 
 The installed backends are the entry points of group ``moe.fused_ops`` read from metadata
-(``moe_core.plugins.PluginRegistry.enabled_entries``: discovery imports no plugin), so offering a name never
+(``moe_core.plugins.PluginRegistry.enabled_names``: discovery imports no plugin), so offering a name never
 imports a kernel library.
 """
 
@@ -37,7 +37,7 @@ class Request:
 
 def backends() -> list[str]:
     """Every enabled installed moe backend (MOE_PLUGINS / MOE_DISABLE_PLUGINS apply), sorted, each once."""
-    return sorted({entry.name for entry in default_registry().enabled_entries()})
+    return default_registry().enabled_names()
 
 
 def parse(value: str | None, source: str) -> Request | None:
