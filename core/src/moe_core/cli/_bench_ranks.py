@@ -34,14 +34,9 @@ from __future__ import annotations
 
 import datetime
 import functools
-import math
 import platform
 import time
 
-#: a sample groups forwards lasting at least this long, at most ``MAX_GROUP`` of them
-SAMPLE_TARGET_S = 1e-3
-MAX_GROUP = 1000
-WARMUP = 3
 TIMING = (
     "eager forwards; a sample starts at a barrier, groups the same number of forwards on every rank and is "
     "timed on each rank's wall clock; time_us is the slowest rank's median"
@@ -52,7 +47,14 @@ def bench_ranks(args, rank: int, device) -> dict | None:
     """``run_ranks``' function: this rank's part of the benchmark; the document on rank 0, else None."""
     import torch
 
-    from moe_core.cli._sharded import dispatcher_names, sharded_runner, whole_output
+    from moe_core.cli._sharded import (
+        dispatcher_names,
+        gather_from_ranks,
+        median_us,
+        sample_forwards,
+        sharded_runner,
+        whole_output,
+    )
     from moe_core.dtypes import float_dtype
     from moe_core.presets import PRESETS
     from moe_core.runner import MoeRunner
@@ -83,7 +85,9 @@ def bench_ranks(args, rank: int, device) -> dict | None:
                     out = whole_output(layer, forward(), m)
                     samples, calls = sample_forwards(forward, device, repeat, layer)
                     phases, wire = _phases(layer, (xs, idss, tws), device, repeat)
-                    medians = _gather(layer, (median_us(samples), min(samples), mine.stop - mine.start, phases, wire))
+                    medians = gather_from_ranks(
+                        layer, (median_us(samples), min(samples), mine.stop - mine.start, phases, wire)
+                    )
                     if rank == 0 and m not in alone:
                         once = functools.partial(single, x, ids, tw)
                         alone[m] = (median_us(sample_forwards(once, device, repeat)[0]), once())
@@ -152,45 +156,17 @@ def bench_ranks(args, rank: int, device) -> dict | None:
     }
 
 
-def sample_forwards(forward, device, repeat: int, layer=None) -> tuple[list[float], int]:
-    """(µs per forward of each of ``repeat`` samples, forwards per sample) by the module docstring's method:
-    over ``layer``'s ranks (the same count of forwards on each, a barrier before each sample), or, without a
-    layer, in this process alone."""
-    import torch
-    import torch.distributed as dist
-
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(WARMUP):
-        forward()
-    sync()
-    start = time.perf_counter()
-    forward()
-    sync()
-    once = time.perf_counter() - start
-    if layer is not None:
-        once = max(_gather(layer, once))  # the slowest rank decides, so every rank makes the same calls
-    calls = max(1, min(MAX_GROUP, math.ceil(SAMPLE_TARGET_S / max(once, 1e-9))))
-    samples = []
-    for _ in range(repeat):
-        if layer is not None:
-            dist.barrier(group=layer.group)
-        start = time.perf_counter()
-        for _ in range(calls):
-            forward()
-        sync()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return samples, calls
-
-
 def _phases(layer, inputs, device, repeat: int) -> tuple[dict, int | None]:
     """This rank's median µs of ``dispatch``, the local experts and ``combine`` (a device synchronisation
     between them; every rank makes the same calls), and the bytes its dispatcher says one forward sent."""
     import torch
     import torch.distributed as dist
 
+    from moe_core import guard
+    from moe_core.cli._sharded import median_us
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     steps: dict[str, list[float]] = {"dispatch": [], "experts": [], "combine": []}
-    wire = None
     m = inputs[0].shape[0]
     for _ in range(repeat):
         dist.barrier(group=layer.group)
@@ -207,7 +183,10 @@ def _phases(layer, inputs, device, repeat: int) -> tuple[dict, int | None]:
         t3 = time.perf_counter()
         for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             steps[name].append(seconds * 1e6)
-        wire = layer.dispatcher.wire_bytes(d)
+    # the same inputs every time: the last forward's count stands for all (asked once, through the door)
+    wire = guard.call(layer.dispatcher_entry, "wire_bytes", layer.dispatcher.wire_bytes, d)
+    if wire is not None and (isinstance(wire, bool) or not isinstance(wire, int) or wire < 0):
+        raise guard.failure(layer.dispatcher_entry, "wire_bytes", f"returned {wire!r}, not a byte count or None")
     return {name: median_us(values) for name, values in steps.items()}, wire
 
 
@@ -240,18 +219,3 @@ def _link_peak(device) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         rates[name] = moved / sorted(times)[2] / 1e9
     return rates
-
-
-def _gather(layer, value) -> list:
-    """``value`` of every rank of ``layer``'s group, in rank order."""
-    import torch.distributed as dist
-
-    gathered: list = [None] * layer.world
-    dist.all_gather_object(gathered, value, group=layer.group)
-    return gathered
-
-
-def median_us(samples: list[float]) -> float:
-    from moe_core.timing import Timing
-
-    return Timing.of(samples, "wall clock").median_us

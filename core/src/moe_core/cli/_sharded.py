@@ -1,5 +1,6 @@
 """The sharded layer a command's ranks run (``moe run``, ``moe bench``): checked before any rank starts, built
-on every rank from the options, one batch spread over the ranks, the whole batch's output gathered.
+on every rank from the options, one batch spread over the ranks, the whole batch's output gathered, its
+forwards timed the same way on every rank.
 
 Every rank builds the same full random weights and the same batch (same seeds), keeps its shard
 (``DispatchedRunner``) and brings the rows its dispatcher says (``Dispatcher.token_slice``); the rows'
@@ -8,8 +9,15 @@ outputs are gathered so that rank 0 can report and verify the whole batch agains
 
 from __future__ import annotations
 
+import math
+import time
+
 #: the dispatcher of --tp/--ep when --a2a is not given
 DEFAULT_DISPATCHER = "replicate"
+#: a timing sample groups forwards lasting at least this long, at most ``MAX_GROUP`` of them
+SAMPLE_TARGET_S = 1e-3
+MAX_GROUP = 1000
+WARMUP = 3
 
 
 def dispatcher_names(args) -> list[str]:
@@ -67,3 +75,50 @@ def whole_output(layer, mine, num_tokens: int):
     for (a, b), part in zip(spans, parts):
         whole[a:b] = part[: b - a]
     return whole.to(mine.dtype)
+
+
+def sample_forwards(forward, device, repeat: int, layer=None) -> tuple[list[float], int]:
+    """(µs per forward of each of ``repeat`` samples, forwards per sample), eagerly: ``WARMUP`` forwards, one
+    timed forward that sizes a sample (about ``SAMPLE_TARGET_S``), then each sample on this process's wall
+    clock after a device synchronisation. Over ``layer``'s ranks the slowest rank's forward sizes the sample
+    and each sample starts at a barrier, so every rank makes the same forwards (each pairs collectives, and an
+    unpaired one hangs until the group's timeout); without a layer, in this process alone."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(WARMUP):
+        forward()
+    sync()
+    start = time.perf_counter()
+    forward()
+    sync()
+    once = time.perf_counter() - start
+    if layer is not None:
+        once = max(gather_from_ranks(layer, once))  # the slowest rank decides, so every rank makes the same calls
+    calls = max(1, min(MAX_GROUP, math.ceil(SAMPLE_TARGET_S / max(once, 1e-9))))
+    samples = []
+    for _ in range(repeat):
+        if layer is not None:
+            dist.barrier(group=layer.group)
+        start = time.perf_counter()
+        for _ in range(calls):
+            forward()
+        sync()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return samples, calls
+
+
+def gather_from_ranks(layer, value) -> list:
+    """``value`` of every rank of ``layer``'s group, in rank order."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * layer.world
+    dist.all_gather_object(gathered, value, group=layer.group)
+    return gathered
+
+
+def median_us(samples: list[float]) -> float:
+    from moe_core.timing import Timing
+
+    return Timing.of(samples, "wall clock").median_us

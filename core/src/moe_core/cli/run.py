@@ -75,9 +75,8 @@ def _forward_report(args, rank: int = 0, device=None) -> dict | None:
     out = call(x, ids, tw)
     if sharded is None:
         us, _ = time_forward(lambda: call(x, ids, tw), device, repeat=args.repeat, use_graph=False)
-    else:  # every rank must make the same forwards (each pairs collectives): time_forward sizes its warm-up and
-        # groups by this process's clock alone, so the ranks agree on the count first, as moe bench's do
-        from moe_core.cli._bench_ranks import median_us, sample_forwards
+    else:  # time_forward sizes its warm-up and groups by this process's clock: the ranks must agree on the count
+        from moe_core.cli._sharded import median_us, sample_forwards
 
         us = median_us(sample_forwards(lambda: call(x, ids, tw), device, args.repeat, sharded)[0])
     if sharded is not None:
