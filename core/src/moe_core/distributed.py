@@ -85,13 +85,14 @@ class DispatchedRunner:
         if self._rows is not None:
             local = self._rows.local_config(local)
         if full:
-            self.shard: Shard = shard_weights(
+            shard, wrong = shard_weights(
                 local, weights, tp_rank=grid.tp_rank, tp_size=tp_size, ep_rank=grid.ep_rank, ep_size=ep_size,
                 placement=grid.placement,
-            )  # fmt: skip
+            ), ""  # fmt: skip
         else:
-            self.shard = _own_shard(weights, local, grid)
-        _no_error_anywhere(getattr(self.shard, "error", ""), rank, world, group)
+            shard, wrong = _own_shard(weights, local, grid)
+        _no_error_anywhere(wrong, rank, world, group)
+        self.shard: Shard = shard
         # the runner refuses (or, under auto, skips) a fused op that cannot read the dispatcher's tokens
         self.runner = MoeRunner(self.shard.config, self.shard.weights, backend=backend, dispatcher=cls)
 
@@ -218,26 +219,21 @@ def _no_error_anywhere(error: str, rank: int, world: int, group) -> None:
                                 f"{lines}")  # fmt: skip
 
 
-def _own_shard(shard: Shard, local: MoeConfig, grid: Grid):
-    """``shard`` with the config this rank's runner solves, when it is this rank's; else an object whose
-    ``error`` says whose shard it is (raised on every rank by ``_no_error_anywhere``)."""
+def _own_shard(shard: Shard, local: MoeConfig, grid: Grid) -> tuple[Shard | None, str]:
+    """(``shard`` with the config this rank's runner solves, "") when it is this rank's, else (None, whose shard
+    it is): every rank raises the latter together (``_no_error_anywhere``)."""
     wanted = (grid.tp_rank, grid.tp_size, grid.ep_rank, grid.ep_size, grid.experts)
     have = (shard.tp_rank, shard.tp_size, shard.ep_rank, shard.ep_size, shard.experts)
     if have != wanted:
-        return _WrongShard(
+        return None, (
             f"the shard of tp_rank {have[0]}/{have[1]}, ep_rank {have[2]}/{have[3]} (experts {list(have[4])}); this "
             f"rank is tp_rank {wanted[0]}/{wanted[1]}, ep_rank {wanted[2]}/{wanted[3]} (experts {list(wanted[4])})"
         )
     inter = local_intermediate(local, grid.tp_size)
     config = dataclasses.replace(local, num_experts=len(grid.experts), intermediate_size=inter)
     if dataclasses.replace(shard.config, top_k=config.top_k) != config:
-        return _WrongShard(f"a shard of another layer: {shard.config!r}, this rank's is {config!r}")
-    return dataclasses.replace(shard, config=config)
-
-
-@dataclass(frozen=True)
-class _WrongShard:
-    error: str
+        return None, f"a shard of another layer: {shard.config!r}, this rank's is {config!r}"
+    return dataclasses.replace(shard, config=config), ""
 
 
 def _fingerprint(weights: MoeWeights) -> str:
