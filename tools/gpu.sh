@@ -71,6 +71,10 @@ Steps (default limit in seconds):
                        mxfp4 and deepseek-v3-tp8 fp8_block (triton) -> run-<preset>-<scheme>-<grid>.json; then
                        `moe bench --tp 2` and `--ep 2` (replicate and all_to_all) at M = 1, 64, 512, 4096: time,
                        communication share, achieved and peak link bandwidth -> bench-tp2.json, bench-ep2.json
+  peer [ARGS]          (420)  the peer comparison of issue 20: .peer/side_by_side.py (a git-ignored copy of
+                       ../shared/peer-bench with vLLM 0.33.0's kernels cut into .peer/vendor/: carry .peer) ->
+                       side_by_side.json, log.txt and the markdown tables (report.md). ARGS go to the harness
+                       (e.g. --parts bf16 --ms 512,4096 --profile-ms 4096)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
                        M=1 and of its parts (router, runner, checks, apply) against transformers'
                        grouped_mm block -> overhead.json (transformers wheels in .whl/)
@@ -123,6 +127,7 @@ default_limit() {
     sglang) echo 300 ;;
     select) echo 540 ;;
     ranks) echo 540 ;;
+    peer) echo 420 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
   esac
@@ -134,7 +139,7 @@ packages_for() {  # the folders a step needs installed
     tests | check | install)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
-    bench | door-cost | transformers | overhead | ranks) echo core plugins/triton-moe ;;
+    bench | door-cost | transformers | overhead | ranks | peer) echo core plugins/triton-moe ;;
     sglang) echo core plugins/triton-moe plugins/flashinfer-mxfp4 integrations/sglang ;;
     select) echo core plugins/triton-moe plugins/flashinfer-mxfp4 examples/moe-torch-grouped ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
@@ -294,6 +299,14 @@ step_ranks() {  # issue 21's run: needs as many GPUs as ranks (nvidia-h200-x2); 
   return $status
 }
 
+step_peer() {  # the harness stops starting rows 30 s before the step's limit, so its JSON always comes back
+  [ -f .peer/side_by_side.py ] && [ -d .peer/vendor ] \
+    || { echo "peer: .peer/side_by_side.py and .peer/vendor/ not here (../shared/peer-bench/README.md; carry .peer)"; return 1; }
+  local budget=$((${MOE_STEP_LIMIT:-420} - 40))
+  "$PY" .peer/side_by_side.py --out "$OUT" --budget-s "$budget" "$@" || return 1
+  "$PY" .peer/side_by_side.py --report "$OUT/side_by_side.json" > "$OUT/report.md" && cat "$OUT/report.md"
+}
+
 step_transformers() {
   local status=0 families=()
   while [ $# -gt 0 ] && [[ $1 == qwen3-30b-a3b || $1 == gpt-oss-120b ]]; do families+=("$1"); shift; done
@@ -322,6 +335,7 @@ if [ "${1:-}" = --run-step ]; then
     select) step_select "$@" ;;
     sglang) step_sglang "$@" ;;
     ranks) step_ranks "$@" ;;
+    peer) step_peer "$@" ;;
     install) echo "installed: $(cat "$(dirname "$OUT")/install.txt" 2>/dev/null | tail -n 1)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
@@ -336,7 +350,7 @@ NAMES=() LIMITS=() ARGS=()
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | install) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | peer | install) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;
