@@ -143,14 +143,19 @@ def test_null_segment_blocks_skip_gemm1_and_zero_their_gemm2_rows():
     assert not counters.any()
 
 
-@pytest.mark.parametrize("pairs", [7, 40])  # one program, then plan + scatter
-def test_align_builds_the_null_segment(monkeypatch, pairs):
+# one program; count + plan + scatter with one counting program, then with five (each also fills its share)
+@pytest.mark.parametrize("pairs,count_pairs", [(7, 1024), (40, 1024), (40, 8)])
+def test_align_builds_the_null_segment(monkeypatch, pairs, count_pairs):
     monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 16)
+    monkeypatch.setattr(align_mod, "COUNT_PAIRS", count_pairs)
     e, block_m = 8, 16
     gen = torch.Generator().manual_seed(pairs)
     flat = torch.randint(0, e, (pairs,), generator=gen, dtype=torch.int32)
     flat[::3] = torch.tensor(BAD, dtype=torch.int32).repeat(pairs)[: len(flat[::3])]
-    sorted_ids, block_expert, offsets = (t.cpu() for t in align_mod.align(flat.view(-1, 1).to(DEVICE), e, block_m))
+    zero = torch.full((13,), 7, dtype=torch.int32, device=DEVICE)  # split-K counters: zeroed on the way
+    aligned = align_mod.align(flat.view(-1, 1).to(DEVICE), e, block_m, zero=zero)
+    sorted_ids, block_expert, offsets = (t.cpu() for t in aligned)
+    assert not zero.any()
     segment = [x if 0 <= x < e else e for x in flat.tolist()]
     counts = [segment.count(s) for s in range(e + 1)]
     padded = [-(-c // block_m) * block_m for c in counts]

@@ -264,13 +264,52 @@ def test_fp8_activation_group_quantization():
     assert torch.all(q[2, 128:256].float() == 0)
 
 
+@pytest.mark.parametrize("act,bias,split,i", [("silu", False, 1, 256), ("swiglu_oai", True, 2, 320)])
+def test_gemm1_epilogue_quantizes_gemm2_input_as_a_separate_pass_would(act, bias, split, i):
+    """fp8_block, GEMM1 tiles of whole 128-column groups (``launch.fp8_intermediate``): the codes and scales
+    GEMM1's epilogue writes equal ``quantize_fp8_groups`` of the intermediate the same GEMM1 writes unquantized
+    (I = 320: a last group of 64 columns; the padding rows are not compared). Runs under the interpreter too:
+    both sides come from the same dot, so its inexact fp8 products do not matter."""
+    dtype = torch.bfloat16 if CUDA else torch.float16
+    cfg = MoeConfig(8, 2, 256, i, quant_scheme="fp8_block", activation=act, dtype=dtype, has_bias=bias)
+    w13 = prepare_weights("fp8_block", random_weights(cfg, DEVICE)).gemm1()
+    x, ids, tw = random_inputs(cfg, 6, DEVICE, seed=3)
+    xq, xs = launch.quantize_fp8_groups(x)
+    tiles = kernel_configs.GemmConfig(block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=2)
+    assert launch.fp8_intermediate("fp8_block", tiles) and not launch.fp8_intermediate("bf16", tiles)
+    assert not launch.fp8_intermediate("fp8_block", kernel_configs.GemmConfig(block_n=64, block_k=128))
+    from moe_triton.kernels.align import align, max_blocks
+
+    rows = max_blocks(12, 8, 16) * 16
+    routing = AlignedRouting(tw.reshape(-1).contiguous(), *align(ids, 8, 16), top_k=2, block_m=16)
+    scratch = launch.split_scratch(rows // 16, 16, DEVICE, (split, 2 * i, i, 128))
+    act_ = Activation(act, cfg.swiglu_alpha, cfg.swiglu_limit)
+    plain = torch.empty(rows, i, dtype=dtype, device=DEVICE)
+    codes = torch.empty(rows, i, dtype=torch.float8_e4m3fn, device=DEVICE)
+    scales = torch.empty(rows, -(-i // 128), dtype=torch.float32, device=DEVICE)
+    for out, kw in ((plain, {}), (codes, {"out_scale": scales, "round_to": dtype})):
+        if scratch[-1] is not None:
+            scratch[-1].zero_()
+        launch.launch_gemm1(xq, w13, routing, act_, out, tiles, x_scale=xs, split=scratch[0], **kw)
+    used = routing.sorted_ids < 12  # rows that hold a pair
+    want_codes, want_scales = launch.quantize_fp8_groups(plain[used])
+    assert torch.equal(scales[used], want_scales)
+    assert torch.equal(codes[used].view(torch.uint8), want_codes.view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        narrow = kernel_configs.GemmConfig(block_n=64, block_k=128)
+        launch.launch_gemm1(xq, w13, routing, act_, codes, narrow, x_scale=xs, out_scale=scales, round_to=dtype)
+
+
 @pytest.mark.skipif(not CUDA, reason="fp8_block needs CUDA (the interpreter's fp8 dot is inexact)")
-@pytest.mark.parametrize("split,on_input", [(1, False), (4, False), (1, True)])
-def test_fp8_block_activations_quantized_once_give_the_same_result(split, on_input):
+@pytest.mark.parametrize("split,on_input,block_n", [(1, False, 32), (4, False, 32), (1, True, 32), (1, False, 128),
+                                                    (2, False, 128)])  # fmt: skip
+def test_fp8_block_activations_quantized_once_give_the_same_result(split, on_input, block_n):
+    """GEMM1 reads codes quantized once per forward; with GEMM1 tiles of 128 columns GEMM2 reads the codes
+    GEMM1's epilogue wrote instead of quantizing its K tile: the same result as quantizing in the loops."""
     cfg = MoeConfig(8, 1 if on_input else 2, 512, 256, quant_scheme="fp8_block", activation="silu",
                     dtype=torch.bfloat16, apply_router_weight_on_input=on_input)  # fmt: skip
     weights = random_weights(cfg, DEVICE)
     with switches.override(fp8_prequant=False):
-        in_loop, inputs = _check(cfg, weights, 5, _kc(128, split))
+        in_loop, inputs = _check(cfg, weights, 5, _kc(128, split, block_n))
     with switches.override(fp8_prequant=True):
-        assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split)), in_loop)
+        assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n)), in_loop)

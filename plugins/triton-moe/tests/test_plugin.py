@@ -153,6 +153,9 @@ def test_tune_candidates_swap_operands_for_mxfp4_only():
             assert len(set(gemms)) == len(gemms)
         for _, gemms in candidates("bf16", rows_per_expert):
             assert not any(g.swap_ab for g in gemms)
+    # decode tiles only while experts see a few rows; from 4 on average 32-row blocks compete (routing skew)
+    assert [bm for bm, _ in candidates("bf16", 2)] == [16]
+    assert [bm for bm, _ in candidates("bf16", 16)] == [16, 32]
 
 
 @pytest.mark.parametrize("quantized", [False, True])

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -36,7 +37,7 @@ def gemm_types(dt, wdt, sdt, out_dt=None):
             return f"*{wdt}"
         if name == "s_ptr":
             return f"*{sdt}"
-        if name in ("topk_w_ptr", "mult_ptr", "xs_ptr"):
+        if name in ("topk_w_ptr", "mult_ptr", "xs_ptr", "os_ptr", "as_ptr"):
             return "*fp32"
         if name == "part_ptr":
             return "*fp32"
@@ -72,27 +73,32 @@ def weight_types(scheme, dt):
 
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
-          swap=False, block_m=16, a_fp8=False, pdl=False):  # fmt: skip
+          swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
-             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, PDL=pdl)  # fmt: skip
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
+             ROUND=tl.bfloat16, PDL=pdl)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
-           f"{'_pdl' if pdl else ''}")  # fmt: skip
+           f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_pdl' if pdl else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
-    build(gemm._gemm1, (lambda n: "*fp8e4nv" if n == "x_ptr" else types(n)) if a_fp8 else types, c, tag)
+    fp8_names = {"x_ptr"} if a_fp8 else set()
+    fp8_names |= {"out_ptr"} if out_fp8 else set()
+    build(gemm._gemm1, lambda n: "*fp8e4nv" if n in fp8_names else types(n), c, tag)
 
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
-          pdl=False, split=1):  # fmt: skip
+          pdl=False, split=1, a_fp8=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
-             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, PDL=pdl)  # fmt: skip
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, PDL=pdl)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
-           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_pdl' if pdl else ''}")  # fmt: skip
-    build(gemm._gemm2, gemm_types(dt, wdt, sdt), c, tag)
+           f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
+           f"{'_pdl' if pdl else ''}")  # fmt: skip
+    types = gemm_types(dt, wdt, sdt)
+    build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag)
 
 
 for scheme in (0, 1, 2):
@@ -123,6 +129,12 @@ for split in (1, 4):  # fp8_block with activations quantized once per forward (t
     for bias in (False, True):
         gemm1(1, 0, bias, split, a_fp8=True)
 gemm1(1, 0, False, 1, router=True, a_fp8=True)
+for split in (1, 4):  # fp8_block: GEMM2's input quantized in GEMM1's epilogue, read as codes by GEMM2
+    for block_n, block_m in ((128, 16), (256, 64)):
+        gemm1(1, 0, True, split, block_n=block_n, block_m=block_m, a_fp8=True, out_fp8=True)
+    gemm2(1, True, split=split, a_fp8=True)
+gemm1(1, 2, False, 1, block_n=128, a_fp8=True, out_fp8=True, pdl=True)
+gemm2(1, False, by_token=True, a_fp8=True, pdl=True)
 for pdl in (False, True):
     build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
           dict(ROWS=16, PDL=pdl), f"quant_fp8_groups{'_pdl' if pdl else ''}")  # fmt: skip
@@ -143,14 +155,14 @@ for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm2(0, False, dt=dt, split=2)
 
 i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
-for cp in (
-    dict(E=256, E_POW2=512, BLOCK_M=16, CHUNK=64, PAIR_CHUNK=64, BLOCK_CHUNK=64),
-    dict(E=128, E_POW2=256, BLOCK_M=16, CHUNK=256, PAIR_CHUNK=16, BLOCK_CHUNK=16),
-):  # prefill, decode widths
+for e, e_pow2, pair_chunk, block_chunk in ((256, 512, 256, 64), (128, 256, 16, 16)):  # prefill, decode widths
     for pdl in (False, True):
-        tag = f"E={cp['E']} steps {cp['PAIR_CHUNK']}{' pdl' if pdl else ''}"
-        build(align._plan, i32, {**cp, "PDL": pdl}, f"plan {tag}")
-        build(align._plan_and_scatter, i32, {**cp, "PDL": pdl}, f"plan_and_scatter {tag}")
+        tag = f"E={e} steps {pair_chunk}{' pdl' if pdl else ''}"
+        build(align._count, i32, dict(E=e, E_POW2=e_pow2, PAIRS=1024, WIDTH=1024, PDL=pdl), f"count {tag}")
+        build(align._plan, i32, dict(E=e, E_POW2=e_pow2, BLOCK_M=16, ROWS=16, BLOCK_CHUNK=block_chunk, PDL=pdl),
+              f"plan {tag}")  # fmt: skip
+        cp = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, WIDTH=1024, PAIR_CHUNK=pair_chunk, BLOCK_CHUNK=block_chunk, PDL=pdl)
+        build(align._plan_and_scatter, i32, cp, f"plan_and_scatter {tag}")
 for pdl in (False, True):
     build(align._scatter, i32, dict(E=128, CHUNK=256, PDL=pdl), f"scatter{' pdl' if pdl else ''}")
     build(gemm._sum_slots, lambda n: "*i32" if n == "ids_ptr" else "*bf16" if n.endswith("_ptr") else "i32",

@@ -25,6 +25,7 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 
 from moe_triton.kernel_configs import (
     GemmConfig,
@@ -140,29 +141,42 @@ def launch_gemm1(
     tiles: GemmConfig,
     *,
     x_scale: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    round_to: torch.dtype | None = None,
     split: SplitK | None = None,
     pdl: dict | None = None,
     switches: Switches | None = None,
 ) -> None:
     """GEMM1 into ``out``, the activated intermediate ``[rows, I]``. ``split``: split K (partials
     ``[split, rows, 2I]`` and zeroed counters of ``split_scratch``); None: unsplit. ``x_scale``: ``x``
-    holds fp8_block codes from ``quantize_fp8_groups`` and these are their scales. ``pdl``: the keywords of
-    ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode choice (None: ``current_switches()``)."""
+    holds fp8_block codes from ``quantize_fp8_groups`` and these are their scales. ``out_scale``
+    (fp8_block, ``fp8_intermediate(tiles)``): ``out`` is float8_e4m3fn and receives GEMM2's input
+    quantized, ``out_scale`` ``[rows, ceil(I/128)]`` fp32 its scales; ``round_to`` (required with it) is
+    the activations' dtype, which the activated tile is rounded to first, as an unquantized intermediate
+    is. ``pdl``: the keywords of ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode
+    choice (None: ``current_switches()``)."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     inter = w.weight.shape[1] // 2
     num_experts = w.weight.shape[0]
     split_k, partials, counters, *p_strides = _split_args(split, r.offsets)
     a_fp8 = x_scale is not None
+    out_fp8 = out_scale is not None
+    if out_fp8 and (not fp8_intermediate(w.scheme, g) or round_to not in _TL_DTYPES):
+        raise ValueError(f"GEMM1 quantizes its output for fp8_block tiles with BLOCK_N a multiple of 128 and a "
+                         f"float round_to dtype, not {g} and {round_to}")  # fmt: skip
     gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
         x, x_scale if a_fp8 else x, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else x, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, out,
+        out_scale if out_fp8 else r.topk_weights,
         partials, counters, r.topk_weights.numel(), num_m, inter, x.shape[1], num_experts,
         float(activation.alpha), float(activation.limit),
         x.stride(0), x.stride(1), x_scale.stride(0) if a_fp8 else 0, *w.weight.stride(),
-        *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), out.stride(0), out.stride(1), *p_strides,
-        A_FP8=a_fp8, TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], ACTIVATION=ACTIVATION_IDS[activation.name],
+        *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), out.stride(0), out.stride(1),
+        out_scale.stride(0) if out_fp8 else 0, *p_strides,
+        A_FP8=a_fp8, OUT_FP8=out_fp8, ROUND=_TL_DTYPES[round_to] if out_fp8 else tl.bfloat16,
+        TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], ACTIVATION=ACTIVATION_IDS[activation.name],
         HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), num_warps=g.num_warps,
@@ -177,30 +191,43 @@ def launch_gemm2(
     y: torch.Tensor,
     tiles: GemmConfig,
     *,
+    a_scale: torch.Tensor | None = None,
     by_token: bool = False,
     split: SplitK | None = None,
     pdl: dict | None = None,
     switches: Switches | None = None,
 ) -> None:
     """GEMM2 of the intermediate ``a`` ``[rows, I]`` + bias + routing weight into ``y``: ``[M*k, H]``, one
-    row per (token, slot) pair, or ``[M, H]`` when ``by_token`` (k == 1: no slot sum follows). ``split``
+    row per (token, slot) pair, or ``[M, H]`` when ``by_token`` (k == 1: no slot sum follows). ``a_scale``:
+    ``a`` holds fp8_block codes and these are their scales (``launch_gemm1``'s ``out_scale``). ``split``
     (partials ``[split, rows, H]``), ``pdl`` and ``switches`` as in ``launch_gemm1``."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     h = y.shape[1]
     split_k, partials, counters, *p_strides = _split_args(split, r.offsets)
+    a_fp8 = a_scale is not None
     gemm._gemm2[(num_m * triton.cdiv(h, g.block_n) * split_k,)](
-        a, w.weight, w.scale if w.scale is not None else w.weight, w.mult if w.mult is not None else r.topk_weights,
+        a, a_scale if a_fp8 else a, w.weight, w.scale if w.scale is not None else w.weight,
+        w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else y, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, y,
         partials, counters, r.topk_weights.numel(), num_m, h, a.shape[1], w.weight.shape[0],
-        a.stride(0), a.stride(1), *w.weight.stride(), *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias),
-        y.stride(0), y.stride(1), *p_strides,
+        a.stride(0), a.stride(1), a_scale.stride(0) if a_fp8 else 0, *w.weight.stride(),
+        *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), y.stride(0), y.stride(1), *p_strides,
         TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input,
         OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
-        GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), num_warps=g.num_warps, num_stages=g.num_stages,
-        **(pdl or {}),
+        GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), A_FP8=a_fp8, num_warps=g.num_warps,
+        num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
+
+
+def fp8_intermediate(scheme: str, gemm1_tiles: GemmConfig) -> bool:
+    """Whether GEMM1 can hand GEMM2 its input already quantized (``launch_gemm1``'s ``out_scale``):
+    fp8_block, with GEMM1's N tile covering whole 128-column scale groups."""
+    return scheme == "fp8_block" and gemm1_tiles.block_n % 128 == 0
+
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def _check_prepared(w13: GemmWeights) -> None:
@@ -256,13 +283,20 @@ def run_fused_moe(
         cfg.block_m,
         router_on_input,
     )
-    intermediate = torch.empty(n_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
-    a, a_scale = quantize_fp8_groups(x, pdl) if scheme == "fp8_block" and sw.fp8_prequant else (x, None)
-    launch_gemm1(a, w13, routing, activation, intermediate, cfg.gemm1, x_scale=a_scale, split=scratch1, pdl=pdl,
-                 switches=sw)  # fmt: skip
+    rows = n_blocks * cfg.block_m
+    prequant = scheme == "fp8_block" and sw.fp8_prequant
+    a, a_scale = quantize_fp8_groups(x, pdl) if prequant else (x, None)
+    if prequant and fp8_intermediate(scheme, cfg.gemm1):  # GEMM1 quantizes GEMM2's input in its epilogue
+        intermediate = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=x.device)
+        inter_scale = torch.empty(rows, triton.cdiv(inter, 128), dtype=torch.float32, device=x.device)
+    else:
+        intermediate, inter_scale = torch.empty(rows, inter, dtype=x.dtype, device=x.device), None
+    launch_gemm1(a, w13, routing, activation, intermediate, cfg.gemm1, x_scale=a_scale, out_scale=inter_scale,
+                 round_to=x.dtype, split=scratch1, pdl=pdl, switches=sw)  # fmt: skip
     by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
-    launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, by_token=by_token, split=scratch2, pdl=pdl, switches=sw)
+    launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, a_scale=inter_scale, by_token=by_token, split=scratch2,
+                 pdl=pdl, switches=sw)  # fmt: skip
     if not by_token:
         block = min(1024, triton.next_power_of_2(h))
         gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, ids, h, y.stride(0), out.stride(0), num_experts,

@@ -66,7 +66,9 @@ SPLIT_TOP = 4
 def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[GemmConfig]]]:
     """(block_m, gemm candidates) pairs for this regime and scheme."""
     if rows_per_expert <= 16:
-        plan = [(16, _DECODE)]
+        # from 4 rows per expert on average, routing skew gives many experts more than 16: a 32-row block
+        # reads their weights once where 16-row blocks read them twice
+        plan = [(16, _DECODE), *([(32, _MEDIUM)] if rows_per_expert > 4 else [])]
     elif rows_per_expert <= 96:
         plan = [(32, _MEDIUM), (64, _MEDIUM)]
     else:
@@ -135,23 +137,37 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     w13, w2 = weights.gemm1(), weights.gemm2()
     act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
     result = {}
+    fp8 = scheme == "fp8_block"
     for m in tokens:
         x, ids, tw = random_inputs(config, m, device)
         tw = tw.reshape(-1).contiguous()
+        x_scale = None
+        if fp8:  # as the forward runs it (the fp8_prequant switch's default): GEMM1 reads codes
+            x, x_scale = launch.quantize_fp8_groups(x)
         best_total, best = float("inf"), None
         for block_m, gemms in candidates(scheme, m * k / e):
             sorted_ids, block_expert, offsets = align.align(ids, e, block_m)
             n_blocks = block_expert.numel()
-            y = torch.empty(m * k, h, dtype=x.dtype, device=device)
-            a = torch.zeros(n_blocks * block_m, i, dtype=x.dtype, device=device)
+            y = torch.empty(m * k, h, dtype=config.dtype, device=device)
+            a = torch.zeros(n_blocks * block_m, i, dtype=config.dtype, device=device)
+            # fp8_block: GEMM1 tiles of whole scale groups quantize GEMM2's input (launch.fp8_intermediate)
+            a8 = torch.zeros(n_blocks * block_m, i, dtype=torch.float8_e4m3fn, device=device) if fp8 else None
+            a8_scale = torch.ones(n_blocks * block_m, triton.cdiv(i, 128), device=device) if fp8 else None
             routing = AlignedRouting(tw, sorted_ids, block_expert, offsets, k, block_m,
                                      config.apply_router_weight_on_input)  # fmt: skip
 
-            def run1(g, split_k, split, routing=routing, x=x, a=a):  # split_k: the split ``split`` holds
-                launch.launch_gemm1(x, w13, routing, act, a, g, split=split)
+            def run1(g, split_k, split, routing=routing, x=x, x_scale=x_scale, a=a, a8=a8, a8_scale=a8_scale):
+                if launch.fp8_intermediate(scheme, g):
+                    launch.launch_gemm1(x, w13, routing, act, a8, g, x_scale=x_scale, out_scale=a8_scale,
+                                        round_to=config.dtype, split=split)  # fmt: skip
+                else:
+                    launch.launch_gemm1(x, w13, routing, act, a, g, x_scale=x_scale, split=split)
 
             def run2(g, split_k, split, routing=routing, y=y, a=a):
                 launch.launch_gemm2(a, w2, routing, y, g, split=split)
+
+            def run2_codes(g, split_k, split, routing=routing, y=y, a8=a8, a8_scale=a8_scale):
+                launch.launch_gemm2(a8, w2, routing, y, g, a_scale=a8_scale, split=split)
 
             def scratch(block_n, split, width, n, n_blocks=n_blocks, block_m=block_m):
                 found, counters = launch.split_scratch(n_blocks, block_m, device, (split, width, n, block_n))
@@ -161,14 +177,26 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
 
             decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
             trials1 = _trials(run1, gemms, functools.partial(scratch, width=2 * i, n=i), decode)
-            trials2 = _trials(run2, gemms, functools.partial(scratch, width=h, n=h), decode)
+            scratch2 = functools.partial(scratch, width=h, n=h)
+            trials2 = _trials(run2, gemms, scratch2, decode)
+            # GEMM2 after a quantizing GEMM1 reads codes: timed that way for those pairings
+            codes = any(launch.fp8_intermediate(scheme, g) for g in gemms)
+            trials2_codes = _trials(run2_codes, gemms, scratch2, decode) if codes else None
             for split in trials1:
                 c1, c2 = min(trials1[split], key=trials1[split].get), min(trials2[split], key=trials2[split].get)
                 log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {trials1[split][c1] * 1e3:.1f} us {c1}, "
                     f"gemm2 {trials2[split][c2] * 1e3:.1f} us {c2}")  # fmt: skip
-            (t1, s1, c1), (t2, s2, c2) = _best(trials1), _best(trials2)
-            if t1 + t2 < best_total:
-                best_total, best = t1 + t2, KernelConfig(block_m, c1, c2, s1, s2)
+            for quantizing, second in ((False, trials2), (True, trials2_codes)):
+                if second is None:
+                    continue
+                first = {s: {g: t for g, t in ts.items() if launch.fp8_intermediate(scheme, g) == quantizing}
+                         for s, ts in trials1.items()}  # fmt: skip
+                (t1, s1, c1), (t2, s2, c2) = _best(first), _best(second)
+                if quantizing:
+                    log(f"  M={m} BLOCK_M={block_m}: gemm1 quantizing its output {t1 * 1e3:.1f} us {c1}, "
+                        f"gemm2 on codes {t2 * 1e3:.1f} us {c2}")  # fmt: skip
+                if t1 + t2 < best_total:
+                    best_total, best = t1 + t2, KernelConfig(block_m, c1, c2, s1, s2)
         if best is None:
             raise RuntimeError(f"no tile candidate of {scheme} E={e} H={h} I={i} k={k} ran at M={m} (see the log)")
         result[m] = best

@@ -1,9 +1,9 @@
 """Token alignment: the expert-sorted, block-padded index the GEMMs walk.
 
-Two launches, no host synchronisation (so a forward can be captured in a CUDA
-graph), sizes bounded statically: at most ``min(E + 1, M*k) + ceil(M*k / BLOCK_M)``
-blocks are used (each non-empty segment wastes less than one block), so a
-decode step launches a handful of programs, not one per possible expert.
+No host synchronisation (so a forward can be captured in a CUDA graph), sizes
+bounded statically: at most ``min(E + 1, M*k) + ceil(M*k / BLOCK_M)`` blocks are
+used (each non-empty segment wastes less than one block), so a decode step
+launches a handful of programs, not one per possible expert.
 
 Segments: one per expert ``0..E-1``, then the *null segment* ``E``, which holds
 every pair whose id lies outside ``[0, E)`` (-1 is "expert on another rank"
@@ -12,13 +12,23 @@ read out of bounds). Its blocks have expert ``E``: GEMM1 skips them and GEMM2
 writes zeros for their pairs, so these pairs contribute exactly zero and read
 no weights, without an extra launch or a per-forward memset of the output.
 
-1. ``_plan`` (one program): histogram of segment ids, padded segment offsets
+Above ``SINGLE_PROGRAM_PAIRS`` pairs, three launches:
+
+1. ``_count`` (one program per ``COUNT_PAIRS`` pairs): the segment counts of its
+   pairs (one atomic increment each, into its own row of a partial-count
+   matrix), and its share of the plain fills: the padding sentinel into the
+   sorted index and, optionally, zeros into a caller's int32 buffer (the
+   split-K arrival counters of both GEMMs: zeroing them here costs no launch).
+2. ``_plan`` (one program): the partial counts summed; padded segment offsets
    (each segment's pairs padded to a multiple of BLOCK_M), the number of used
-   padded rows, the segment of every block, the padding sentinel everywhere,
-   zeroed per-segment cursors and, optionally, a caller's int32 buffer (the
-   split-K arrival counters of both GEMMs: zeroing them here costs no extra launch).
-2. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
+   padded rows, the segment of every block and zeroed per-segment cursors.
+3. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
    claims the next row of its segment with an atomic increment.
+
+Up to it (decode), ``_plan_and_scatter`` does all of it in one program. The
+counting and the fills are spread over programs because in one program they
+grow with M*k and E (a histogram compares every pair with every bin): at
+M*k = 32768 pairs over 256 experts that single program took as long as a GEMM.
 
 Rows of one expert land in an arbitrary order, which changes nothing in the
 result: every GEMM row is computed independently of the other rows of its
@@ -41,34 +51,35 @@ def _segment(ids, E: tl.constexpr):
 
 
 @triton.jit
-def _plan(
-    ids_ptr,
-    offsets_ptr,  # [E + 2] int32: start row of each segment (experts, then the null one), then the total
-    cursor_ptr,  # [E + 1] int32: zeroed here, used by _scatter
-    block_expert_ptr,  # [max_blocks] int32: segment of each BLOCK_M block (E + 1 for unused blocks)
-    sorted_ptr,  # [max_rows] int32: filled with the sentinel num_pairs
-    zero_ptr,  # [num_zero] int32: zeroed here (the GEMMs' split-K arrival counters)
-    num_pairs,
-    max_rows,
-    max_blocks,
-    num_zero,
-    E: tl.constexpr,
-    E_POW2: tl.constexpr,  # a power of two >= E + 2: bin E_POW2 - 1 lies past the null segment
-    BLOCK_M: tl.constexpr,
-    CHUNK: tl.constexpr,
-    PAIR_CHUNK: tl.constexpr,  # pairs per histogram step: [PAIR_CHUNK, E_POW2] compares
-    BLOCK_CHUNK: tl.constexpr,  # blocks per owner step: [BLOCK_CHUNK, E_POW2] compares
-    PDL: tl.constexpr = False,
-):
-    _pdl_start(PDL)
+def _fill(ptr, lo, hi, value, WIDTH: tl.constexpr):
+    """``ptr[lo:hi] = value``, WIDTH entries per step."""
+    for start in range(lo, hi, WIDTH):
+        idx = start + tl.arange(0, WIDTH)
+        tl.store(ptr + idx, tl.full((WIDTH,), 0, tl.int32) + value, mask=idx < hi)
+
+
+@triton.jit
+def _count_into(ids_ptr, counts_ptr, lo, hi, E: tl.constexpr, E_POW2: tl.constexpr, WIDTH: tl.constexpr):
+    """Pairs ``[lo, hi)`` counted per segment into ``counts_ptr[0:E_POW2]`` (zeroed here first) with atomics:
+    one increment per pair, where ``tl.histogram`` over E_POW2 bins costs a compare per bin and pair."""
     experts = tl.arange(0, E_POW2)
-    counts = tl.zeros((E_POW2,), dtype=tl.int32)
-    for start in range(0, num_pairs, PAIR_CHUNK):
-        offs = start + tl.arange(0, PAIR_CHUNK)
-        mask = offs < num_pairs
+    tl.store(counts_ptr + experts, tl.zeros((E_POW2,), dtype=tl.int32))
+    tl.debug_barrier()  # the zeros are visible to every thread of this program before the first increment
+    for start in range(lo, hi, WIDTH):
+        offs = start + tl.arange(0, WIDTH)
+        mask = offs < hi
         ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
-        # pairs past the end go to bin E_POW2 - 1 > E, which no segment uses
-        counts += tl.histogram(tl.where(mask, ids, E_POW2 - 1), E_POW2)
+        tl.atomic_add(counts_ptr + ids, 1, mask=mask, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _layout(
+    counts, offsets_ptr, cursor_ptr, block_expert_ptr, max_blocks, E: tl.constexpr, E_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """From the per-segment counts: padded segment offsets and the total, zeroed cursors, each block's segment."""
+    experts = tl.arange(0, E_POW2)
     padded = tl.where(experts <= E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
@@ -83,23 +94,66 @@ def _plan(
         owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), 1)
         owner = tl.where(row < total, owner, E + 1)
         tl.store(block_expert_ptr + blocks, owner, mask=blocks < max_blocks)
-    for start in range(0, max_rows, CHUNK):
-        rows = start + tl.arange(0, CHUNK)
-        tl.store(sorted_ptr + rows, tl.full((CHUNK,), 0, tl.int32) + num_pairs, mask=rows < max_rows)
-    for start in range(0, num_zero, CHUNK):
-        idx = start + tl.arange(0, CHUNK)
-        tl.store(zero_ptr + idx, tl.zeros((CHUNK,), dtype=tl.int32), mask=idx < num_zero)
+
+
+@triton.jit
+def _count(
+    ids_ptr, partial_ptr, sorted_ptr, zero_ptr, num_pairs, max_rows, num_zero, rows_per, zero_per,
+    E: tl.constexpr, E_POW2: tl.constexpr, PAIRS: tl.constexpr, WIDTH: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Program p: the segment counts of pairs ``[p*PAIRS, (p+1)*PAIRS)`` into row p of ``partial
+    [programs, E_POW2]``, and its share of the plain fills (the sentinel ``num_pairs`` into ``rows_per`` rows of
+    the sorted index, zeros into ``zero_per`` entries of the caller's buffer)."""
+    _pdl_start(PDL)
+    p = tl.program_id(0)
+    lo = p * PAIRS
+    _count_into(ids_ptr, partial_ptr + p * E_POW2, lo, tl.minimum(lo + PAIRS, num_pairs), E, E_POW2, WIDTH)
+    _fill(sorted_ptr, p * rows_per, tl.minimum((p + 1) * rows_per, max_rows), num_pairs, WIDTH)
+    _fill(zero_ptr, p * zero_per, tl.minimum((p + 1) * zero_per, num_zero), 0, WIDTH)
+
+
+@triton.jit
+def _plan(
+    partial_ptr,  # [programs, E_POW2] int32: _count's per-program segment counts
+    offsets_ptr,  # [E + 2] int32: start row of each segment (experts, then the null one), then the total
+    cursor_ptr,  # [E + 1] int32: zeroed here, used by _scatter
+    block_expert_ptr,  # [max_blocks] int32: segment of each BLOCK_M block (E + 1 for unused blocks)
+    programs,
+    max_blocks,
+    E: tl.constexpr,
+    E_POW2: tl.constexpr,  # a power of two >= E + 2
+    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,  # partial rows summed per step: [ROWS, E_POW2] loads
+    BLOCK_CHUNK: tl.constexpr,  # blocks per owner step: [BLOCK_CHUNK, E_POW2] compares
+    PDL: tl.constexpr = False,
+):
+    """One program: the partial counts summed, then ``_layout``."""
+    _pdl_start(PDL)
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros((E_POW2,), dtype=tl.int32)
+    for start in range(0, programs, ROWS):
+        p = start + tl.arange(0, ROWS)
+        tile = tl.load(partial_ptr + p[:, None] * E_POW2 + experts[None, :], mask=(p < programs)[:, None], other=0)
+        counts += tl.sum(tile, 0)
+    _layout(counts, offsets_ptr, cursor_ptr, block_expert_ptr, max_blocks, E, E_POW2, BLOCK_M, BLOCK_CHUNK)
 
 
 @triton.jit
 def _plan_and_scatter(
     ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, zero_ptr, num_pairs, max_rows, max_blocks,
-    num_zero, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    num_zero, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr,
     PAIR_CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Both steps in one program, for small batches (decode): one launch instead of two."""
-    _plan(ids_ptr, offsets_ptr, cursor_ptr, block_expert_ptr, sorted_ptr, zero_ptr, num_pairs, max_rows, max_blocks,
-          num_zero, E, E_POW2, BLOCK_M, CHUNK, PAIR_CHUNK, BLOCK_CHUNK, PDL)  # fmt: skip
+    """Every step in one program, for small batches (decode): one launch instead of three. ``cursor_ptr``
+    (``E_POW2`` entries here) holds the counts, then the cursors."""
+    _pdl_start(PDL)
+    experts = tl.arange(0, E_POW2)
+    _count_into(ids_ptr, cursor_ptr, 0, num_pairs, E, E_POW2, PAIR_CHUNK)
+    counts = tl.load(cursor_ptr + experts)
+    tl.debug_barrier()  # every count is read before _layout zeroes the cursors
+    _layout(counts, offsets_ptr, cursor_ptr, block_expert_ptr, max_blocks, E, E_POW2, BLOCK_M, BLOCK_CHUNK)
+    _fill(sorted_ptr, 0, max_rows, num_pairs, WIDTH)
+    _fill(zero_ptr, 0, num_zero, 0, WIDTH)
     tl.debug_barrier()  # the plan's global writes are visible to every thread of this program
     for start in range(0, num_pairs, PAIR_CHUNK):
         offs = start + tl.arange(0, PAIR_CHUNK)
@@ -126,6 +180,10 @@ def _scatter(
 
 #: up to this many (token, slot) pairs the alignment runs as one single-program launch
 SINGLE_PROGRAM_PAIRS = 2048
+#: pairs each ``_count`` program counts (above SINGLE_PROGRAM_PAIRS)
+COUNT_PAIRS = 1024
+#: entries per step of the plain fills and of ``_count``'s loop
+FILL_WIDTH = 1024
 
 
 def _chunk_for(count: int, chunk: int) -> int:
@@ -170,23 +228,31 @@ def align(
     sorted_ids = torch.empty(max_rows, dtype=torch.int32, device=device)
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
     offsets = torch.empty(num_experts + 2, dtype=torch.int32, device=device)
-    cursor = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     e_pow2 = triton.next_power_of_2(num_experts + 2)
-    chunk = 256 if e_pow2 <= 256 else 64
-    sizes = dict(
-        E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=chunk,
-        PAIR_CHUNK=_chunk_for(num_pairs, chunk), BLOCK_CHUNK=_chunk_for(n_blocks, chunk),
-    )  # fmt: skip
     if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
         raise ValueError(f"align zeroes a contiguous int32 buffer, got {zero.dtype}")
     num_zero = zero.numel() if zero is not None else 0
-    zero = zero if zero is not None else cursor  # never written when num_zero == 0
-    args = (ids, offsets, cursor, block_expert, sorted_ids, zero, num_pairs, max_rows, n_blocks, num_zero)
+    block_chunk = _chunk_for(n_blocks, 256 if e_pow2 <= 256 else 64)  # [BLOCK_CHUNK, E_POW2] compares
     pdl = pdl or {}
     if num_pairs <= SINGLE_PROGRAM_PAIRS:
-        _plan_and_scatter[(1,)](*args, **sizes, num_warps=4, **pdl)
+        cursor = torch.empty(e_pow2, dtype=torch.int32, device=device)  # the counts first: one per bin
+        _plan_and_scatter[(1,)](
+            ids, offsets, cursor, block_expert, sorted_ids, zero if zero is not None else cursor, num_pairs, max_rows,
+            n_blocks, num_zero, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, WIDTH=FILL_WIDTH,
+            PAIR_CHUNK=_chunk_for(num_pairs, 256), BLOCK_CHUNK=block_chunk, num_warps=4, **pdl,
+        )  # fmt: skip
         return sorted_ids, block_expert, offsets
-    _plan[(1,)](*args, **sizes, num_warps=4, **pdl)
+    programs = triton.cdiv(num_pairs, COUNT_PAIRS)
+    partial = torch.empty(programs, e_pow2, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    _count[(programs,)](
+        ids, partial, sorted_ids, zero if zero is not None else cursor, num_pairs, max_rows, num_zero,
+        triton.cdiv(max_rows, programs), triton.cdiv(num_zero, programs), E=num_experts, E_POW2=e_pow2,
+        PAIRS=COUNT_PAIRS, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
+    )  # fmt: skip
+    _plan[(1,)](partial, offsets, cursor, block_expert, programs, n_blocks, E=num_experts, E_POW2=e_pow2,
+                BLOCK_M=block_m, ROWS=max(1, min(16, 8192 // e_pow2)), BLOCK_CHUNK=block_chunk, num_warps=4,
+                **pdl)  # fmt: skip
     _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, E=num_experts, CHUNK=256,
                                              num_warps=4, **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets

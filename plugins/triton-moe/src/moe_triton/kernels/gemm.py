@@ -129,13 +129,14 @@ def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _gemm1(
     x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    part_ptr, count_ptr, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
+    os_ptr, part_ptr, count_ptr, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
     stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
+    stride_be, stride_bn, stride_om, stride_on, stride_osm, stride_ps, stride_pm, stride_pn,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
+    ROUND: tl.constexpr = tl.bfloat16, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
 
@@ -145,6 +146,12 @@ def _gemm1(
     ``A_FP8`` (fp8_block): ``x`` is already quantized (``_quant_fp8_groups``: e4m3 codes, ``xs`` one fp32
     scale per row and 128 columns), so the K loop loads codes instead of quantizing the tile in every
     N-tile program; the same codes and scales, so the same result.
+
+    ``OUT_FP8`` (fp8_block, BLOCK_N a multiple of 128): the epilogue quantizes GEMM2's input — the
+    activated tile rounded to ``ROUND`` (the activations' dtype, what an unquantized intermediate would
+    hold), then e4m3 codes into ``out`` and one fp32 scale per row and 128 columns into ``os``
+    ``[rows, ceil(I/128)]`` — so GEMM2 reads codes instead of quantizing its K tile in every N-tile
+    program; the codes and scales ``_quant_fp8_rows`` would compute there.
 
     ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
     transposed back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``).
@@ -229,7 +236,16 @@ def _gemm1(
         acc_u += tl.load(bias + (n + N_HALF) * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     h = _activate(acc_g, acc_u, alpha, limit, ACTIVATION)
     out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on
-    tl.store(out, h.to(out_ptr.dtype.element_ty), mask=out_mask)
+    if OUT_FP8:  # masked columns hold act(0, 0) = 0 and leave their group's amax alone
+        groups = tl.reshape(h.to(ROUND).to(tl.float32), (BLOCK_M, BLOCK_N // 128, 128))
+        scale = tl.maximum(tl.max(tl.abs(groups), axis=2), 1e-10) / 448.0
+        codes = tl.reshape((groups / scale[:, :, None]).to(tl.float8e4nv), (BLOCK_M, BLOCK_N))
+        tl.store(out, codes, mask=out_mask)
+        g = pid_n * (BLOCK_N // 128) + tl.arange(0, BLOCK_N // 128)
+        tl.store(os_ptr + rows.to(tl.int64)[:, None] * stride_osm + g[None, :], scale,
+                 mask=row_ok[:, None] & (g * 128 < N_HALF)[None, :])  # fmt: skip
+    else:
+        tl.store(out, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -242,17 +258,18 @@ def _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K: tl.constexpr, OUT_B
 
 @triton.jit
 def _gemm2(
-    a_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    a_ptr, as_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     part_ptr, count_ptr, num_pairs, num_m, N, K, num_experts,
-    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
     OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB`` and ``SPLIT_K`` as in ``_gemm1`` (the
-    partials are ``[SPLIT_K, rows, H]``)."""
+    partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes and ``as`` the
+    scales that GEMM1's ``OUT_FP8`` epilogue wrote."""
     _pdl_start(PDL)
     split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
@@ -287,7 +304,11 @@ def _gemm2(
             b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
             if SCHEME == FP8_BLOCK:
-                aq, a_scale = _quant_fp8_rows(a)
+                if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
+                    aq = a
+                    a_scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k0 // 128, mask=row_ok, other=0.0)
+                else:
+                    aq, a_scale = _quant_fp8_rows(a)
                 acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
             else:
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
