@@ -51,7 +51,8 @@ class Switches:
         True,
         "MOE_TRITON_FP8_PREQUANT",
         "fp8_block: quantize the activations once per forward (one more launch) instead of inside GEMM1's "
-        "K loop in every N-tile program; the same codes and scales",
+        "K loop in every N-tile program, and GEMM2's input in GEMM1's epilogue where GEMM1's N tile covers "
+        "whole 128-column groups; the same codes and scales",
     )
     pdl: bool = _switch(
         False,
