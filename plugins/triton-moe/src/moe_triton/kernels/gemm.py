@@ -151,7 +151,7 @@ def _gemm1(
     activated tile rounded to ``ROUND`` (the activations' dtype, what an unquantized intermediate would
     hold), then e4m3 codes into ``out`` and one fp32 scale per row and 128 columns into ``os``
     ``[rows, ceil(I/128)]`` — so GEMM2 reads codes instead of quantizing its K tile in every N-tile
-    program; the codes and scales ``_quant_fp8_rows`` would compute there.
+    program; ``_quant_fp8_rows`` on each 128-column group, as GEMM2's loop would run it.
 
     ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
     transposed back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``).
@@ -237,10 +237,8 @@ def _gemm1(
     h = _activate(acc_g, acc_u, alpha, limit, ACTIVATION)
     out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on
     if OUT_FP8:  # masked columns hold act(0, 0) = 0 and leave their group's amax alone
-        groups = tl.reshape(h.to(ROUND).to(tl.float32), (BLOCK_M, BLOCK_N // 128, 128))
-        scale = tl.maximum(tl.max(tl.abs(groups), axis=2), 1e-10) / 448.0
-        codes = tl.reshape((groups / scale[:, :, None]).to(tl.float8e4nv), (BLOCK_M, BLOCK_N))
-        tl.store(out, codes, mask=out_mask)
+        codes, scale = _quant_fp8_rows(tl.reshape(h.to(ROUND), (BLOCK_M, BLOCK_N // 128, 128)))
+        tl.store(out, tl.reshape(codes, (BLOCK_M, BLOCK_N)), mask=out_mask)
         g = pid_n * (BLOCK_N // 128) + tl.arange(0, BLOCK_N // 128)
         tl.store(os_ptr + rows.to(tl.int64)[:, None] * stride_osm + g[None, :], scale,
                  mask=row_ok[:, None] & (g * 128 < N_HALF)[None, :])  # fmt: skip

@@ -164,10 +164,12 @@ def _dense_tile(
 
 @triton.jit
 def _quant_fp8_rows(a):
-    """Per-row fp8 e4m3 quantization of a [BM, 128] tile: (codes, fp32 scale per row)."""
-    amax = tl.max(tl.abs(a.to(tl.float32)), axis=1)
+    """Per-row fp8 e4m3 quantization over the last axis (128 columns: a ``[BM, 128]`` K tile, or the
+    ``[BM, groups, 128]`` groups of GEMM1's output tile): (codes, fp32 scale per row or row and group)."""
+    last: tl.constexpr = len(a.shape) - 1
+    amax = tl.max(tl.abs(a.to(tl.float32)), axis=last)
     scale = tl.maximum(amax, 1e-10) / 448.0
-    q = (a.to(tl.float32) / scale[:, None]).to(tl.float8e4nv)
+    q = (a.to(tl.float32) / tl.expand_dims(scale, last)).to(tl.float8e4nv)
     return q, scale
 
 
