@@ -4,7 +4,9 @@ Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the sw
 the environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent launch), ``in-loop``
 (``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
 (``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX) and ``unsplit`` (``split_k=1``:
-GEMM1 never splits K, whatever the table says). Each (preset, scheme, M) row is timed under every
+GEMM1 never splits K, whatever the table says), ``aligned`` (``direct`` off: the alignment and slot-sum
+launches at decode too) and ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
+rule: the measurement that rule stands on). Each (preset, scheme, M) row is timed under every
 setting that applies to its scheme, one after another on the same weights and inputs, as ``moe bench``
 times a row (CUDA-graph replay, median; a fresh graph per setting): bf16 on the four model presets,
 fp8_block on deepseek-v3-tp8 and mxfp4 on gpt-oss-120b, at decode sizes. Prints each setting's time
@@ -16,6 +18,7 @@ against ``base`` and, with ``--output``, writes every row (with its setting) as 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import asdict
@@ -29,7 +32,25 @@ SETTINGS = {
     "pdl+in-loop": ({"pdl": True, "fp8_prequant": False}, {"fp8_block"}),
     "bitops": ({"mxfp4_asm": False}, {"mxfp4"}),
     "unsplit": ({"split_k": 1}, None),
+    "aligned": ({"direct": False}, None),
+    "direct-all": ({"direct": True}, None),  # and the rule forced open: see forced_direct
 }
+
+
+@contextlib.contextmanager
+def forced_direct(on: bool):
+    """Direct routing for every M while ``on`` (``launch.direct_decode`` patched in this process)."""
+    from moe_triton import launch
+
+    rule = launch.direct_decode
+    if on:
+        launch.direct_decode = lambda m, top_k, num_experts: True
+    try:
+        yield
+    finally:
+        launch.direct_decode = rule
+
+
 RUNS = [  # (scheme, presets)
     ("bf16", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-tp8", "gpt-oss-120b"]),
     ("fp8_block", ["deepseek-v3-tp8"]),
@@ -37,16 +58,19 @@ RUNS = [  # (scheme, presets)
 ]
 
 
-def settings_for(scheme: str) -> list[tuple[str, dict]]:
-    """(label, full switch values) of every setting that changes something for ``scheme``."""
+def settings_for(scheme: str, chosen=None) -> list[tuple[str, dict]]:
+    """(label, full switch values) of every setting that changes something for ``scheme`` (of ``chosen``
+    only, if given; ``base`` always)."""
     from moe_triton.switches import Switches
 
     defaults = asdict(Switches())
+    wanted = set(SETTINGS) if chosen is None else {*chosen, "base"}
     return [(label, {**defaults, **changes}) for label, (changes, schemes) in SETTINGS.items()
-            if schemes is None or scheme in schemes]  # fmt: skip
+            if (schemes is None or scheme in schemes) and label in wanted]  # fmt: skip
 
 
-def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, repeat: int, dtype=None) -> list[dict]:
+def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, repeat: int, dtype=None,
+                 chosen=None) -> list[dict]:  # fmt: skip
     """Rows of one preset (activations ``dtype``, default bf16): each token count timed under each setting,
     the settings interleaved per M."""
     import torch
@@ -62,9 +86,9 @@ def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, 
     runner = MoeRunner(config, weights, backend="triton")
     rows = []
     for m in tokens:
-        for label, values in settings_for(scheme):
+        for label, values in settings_for(scheme, chosen):
             try:
-                with switches.override(**values):
+                with switches.override(**values), forced_direct(label == "direct-all"):
                     row = bench_row(preset, "triton", config, weights, runner, m, ceilings, device, repeat=repeat)
             except Exception as exc:  # one setting failing must not lose the others' rows
                 print(f"  FAILED {label} {preset} {scheme} M={m}: {type(exc).__name__}: {exc}", flush=True)
@@ -92,7 +116,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", default="1,8,64", help="comma-separated token counts (default 1,8,64)")
     parser.add_argument("--repeat", type=int, default=20, help="timed samples per row; the median is reported")
     parser.add_argument("--output", help="write every row (with its setting) as JSON here")
+    parser.add_argument("--settings", help=f"comma-separated settings to time besides base (default all: "
+                                           f"{', '.join(SETTINGS)})")  # fmt: skip
     args = parser.parse_args(argv)
+    chosen = set(args.settings.split(",")) if args.settings else None
+    if chosen and chosen - set(SETTINGS):
+        parser.error(f"unknown setting(s) {sorted(chosen - set(SETTINGS))}; known: {', '.join(SETTINGS)}")
     import torch
 
     if not torch.cuda.is_available():
@@ -106,8 +135,8 @@ def main(argv=None) -> int:
     rows = []
     for scheme, presets in RUNS:
         for preset in presets:
-            print(f"{preset} {scheme}: {', '.join(label for label, _ in settings_for(scheme))}", flush=True)
-            rows += bench_preset(scheme, preset, tokens, ceilings, device, args.repeat)
+            print(f"{preset} {scheme}: {', '.join(label for label, _ in settings_for(scheme, chosen))}", flush=True)
+            rows += bench_preset(scheme, preset, tokens, ceilings, device, args.repeat, chosen=chosen)
     print_table(rows)
     if args.output:
         document = {"device": ceilings.name, "torch": torch.__version__, "rows": rows}

@@ -27,6 +27,9 @@ def sig_of(fn, types, constexprs):
     return {name: "constexpr" if name in constexprs else types(name) for name in fn.arg_names}
 
 
+INDEX_POINTERS = ("sorted_ptr", "block_expert_ptr", "offsets_ptr", "count_ptr", "zero_ptr", "slot_count_ptr", "ids_ptr")
+
+
 def gemm_types(dt, wdt, sdt, out_dt=None):
     def t(name):
         if name in ("x_ptr", "bias_ptr", "b13_ptr"):
@@ -41,10 +44,12 @@ def gemm_types(dt, wdt, sdt, out_dt=None):
             return "*fp32"
         if name == "part_ptr":
             return "*fp32"
-        if name in ("sorted_ptr", "block_expert_ptr", "offsets_ptr", "count_ptr"):
+        if name in INDEX_POINTERS:
             return "*i32"
         if name == "out_ptr":
             return f"*{out_dt or dt}"
+        if name == "sum_ptr":
+            return f"*{dt}"
         if name in ("alpha", "limit"):
             return "fp32"
         return "i32"
@@ -73,15 +78,15 @@ def weight_types(scheme, dt):
 
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
-          swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False):  # fmt: skip
+          swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
-             ROUND=tl.bfloat16, PDL=pdl)  # fmt: skip
+             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
-           f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_pdl' if pdl else ''}")  # fmt: skip
+           f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     fp8_names = {"x_ptr"} if a_fp8 else set()
     fp8_names |= {"out_ptr"} if out_fp8 else set()
@@ -89,14 +94,15 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
 
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
-          pdl=False, split=1, a_fp8=False):  # fmt: skip
+          pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
-             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, PDL=pdl)  # fmt: skip
+             BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, DIRECT=direct,
+             SUM_SLOTS=sum_slots, PDL=pdl)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
-           f"{'_pdl' if pdl else ''}")  # fmt: skip
+           f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag)
 
@@ -146,6 +152,16 @@ gemm1(1, 0, False, 1, a_fp8=True, pdl=True)
 gemm2(0, True, pdl=True)
 gemm2(2, True, asm=True, pdl=True)
 gemm2(0, True, pdl=True, split=4)
+# direct routing at decode: one pair per row block, GEMM1 zeroing GEMM2's counters, GEMM2 summing the slots
+for scheme, asm in ((0, False), (1, False), (2, True)):
+    for split in (1, 4):
+        gemm1(scheme, 2 if scheme == 2 else 0, scheme == 2, split, asm=asm, direct=True)
+        gemm2(scheme, scheme == 2, asm=asm, split=split, direct=True, sum_slots=True)
+    gemm2(scheme, False, asm=asm, by_token=True, direct=True)
+gemm1(0, 0, False, 1, router=True, direct=True, pdl=True)
+gemm2(0, True, direct=True, sum_slots=True, pdl=True)
+gemm1(2, 2, True, 1, block_k=128, asm=True, swap=True, direct=True)
+gemm2(2, True, block_k=128, asm=True, swap=True, direct=True, sum_slots=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)
@@ -153,6 +169,8 @@ for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 2, dt=dt)
     gemm2(2, True, dt=dt)
     gemm2(0, False, dt=dt, split=2)
+    gemm1(0, 0, False, 2, dt=dt, direct=True)
+    gemm2(0, False, dt=dt, split=2, direct=True, sum_slots=True)
 
 i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
 for e, e_pow2, pair_chunk, block_chunk in ((256, 512, 256, 64), (128, 256, 16, 16)):  # prefill, decode widths

@@ -11,15 +11,17 @@ help() {
 tests          every plugin test (pytest plugins/triton-moe/tests) -> pytest-triton.txt, then `check`
 check          `moe check triton` on CUDA -> check-triton-cuda.json
 gpu-tests      the CUDA tests: test_gpu.py (CUDA graph, torch.compile, split-K determinism), test_plugin.py,
-               test_kernel_paths.py, test_mxfp4_layout.py, test_expert_ids.py -> pytest-triton-gpu.txt
+               test_kernel_paths.py, test_direct.py, test_mxfp4_layout.py, test_expert_ids.py
+               -> pytest-triton-gpu.txt
 bench          `moe bench --backend triton`: bf16 on the four presets, fp8_block deepseek-v3-tp8, mxfp4
                gpt-oss-120b -> bench-triton-bf16.json, bench-triton-fp8.json, bench-triton-mxfp4.json
 bench-quant    the fp8_block and mxfp4 runs of `bench` only
 bench-torch    triton and torch side by side, bf16, four presets -> bench-triton-torch-bf16.json, bench-bf16.png
 bench-decode   triton at M=1,8,64: bf16 (four presets), fp8_block, mxfp4 -> decode-bf16/fp8/mxfp4.json
 ab-flags       the decode sizes under each switch (PDL, fp8 in-loop quantization, bit-op MXFP4 decode,
-               split-K off) against the defaults, each in its own process (tools/ab_flags.py; AB_TOKENS,
-               default 1,8,64) -> ab-flags.json
+               split-K off, the alignment at decode, direct routing at every M) against the defaults, each
+               in its own process (tools/ab_flags.py; AB_TOKENS, default 1,8,64; AB_SETTINGS: a
+               comma-separated subset) -> ab-flags.json
 profile        per-kernel GPU time next to the CUDA-graph time (tools/profile_launches.py; PROFILE_TOKENS,
                default 1,8): bf16 four presets, fp8_block deepseek-v3-tp8, mxfp4 gpt-oss-120b -> profile-*.json
 ncu            Nsight Compute counters of GEMM1/GEMM2 (NCU_RUNS "preset:scheme ...", NCU_TOKENS default 1)
@@ -51,7 +53,8 @@ while [ $# -gt 0 ]; do
       shift ;;
     gpu-tests)
       python3 -m pytest plugins/triton-moe/tests/test_gpu.py plugins/triton-moe/tests/test_plugin.py \
-        plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_mxfp4_layout.py \
+        plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_direct.py \
+        plugins/triton-moe/tests/test_mxfp4_layout.py \
         plugins/triton-moe/tests/test_expert_ids.py -q -rfs -p no:cacheprovider 2>&1 | tail -25 \
         | tee "$OUT/pytest-triton-gpu.txt" || fail "GPU tests"
       shift ;;
@@ -65,6 +68,7 @@ while [ $# -gt 0 ]; do
       shift ;;
     ab-flags)
       python3 plugins/triton-moe/tools/ab_flags.py --tokens "${AB_TOKENS:-1,8,64}" --output "$OUT/ab-flags.json" \
+        ${AB_SETTINGS:+--settings "$AB_SETTINGS"} \
         || fail "ab_flags.py"
       shift ;;
     bench)

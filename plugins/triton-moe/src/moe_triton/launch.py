@@ -1,9 +1,12 @@
 """The fused MoE forward as one ``torch.library`` custom op: ``moe_triton::fused_moe``.
 
 Launch sequence (all on the current stream, no host synchronisation, so it
-can be captured in a CUDA graph): align (1-2 small kernels) -> GEMM1 with the
+can be captured in a CUDA graph): align (1-3 small kernels) -> GEMM1 with the
 activation in its epilogue -> GEMM2 with bias and routing weight in its
-epilogue -> sum over the k slots (skipped when k == 1). With split-K (decode)
+epilogue -> sum over the k slots (skipped when k == 1). At decode
+(``kernel_configs.direct_decode``) the alignment is skipped: each GEMM row
+block is one (token, slot) pair, GEMM1 zeroes GEMM2's counters and GEMM2 sums
+the slots itself (``SlotSum``), so the forward is the two GEMM launches. With split-K (decode)
 either GEMM writes fp32 partials to a workspace sized from the shapes alone and
 the last program of each tile reduces them (arrival counters that the
 alignment zeroes), so the launch count is unchanged. With the ``pdl`` switch
@@ -30,6 +33,7 @@ import triton.language as tl
 from moe_triton.kernel_configs import (
     GemmConfig,
     KernelConfig,
+    direct_decode,
     resolve_split_k,
     sanitize,
     select_config,
@@ -37,7 +41,7 @@ from moe_triton.kernel_configs import (
 )
 from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
-from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights, SplitK
+from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights, SlotSum, SplitK
 from moe_triton.switches import Switches, current_switches
 
 SCHEME_IDS = {
@@ -92,14 +96,16 @@ def _swap_ab(scheme: str, g: GemmConfig) -> bool:
     return g.swap_ab and swap_ab_supported(scheme)
 
 
-def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, int, int]):
+def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, int, int], extra: int = 0):
     """Split-K scratch for each GEMM given as ``(split_k, width, n, block_n)``: a ``SplitK`` (fp32 partials
     ``[split_k, rows, width]``, int32 counters, one per (row block, N tile) of ``n`` columns), or None where
     ``split_k == 1``. Only rows holding a pair are written and read. The counters of all GEMMs are views of
-    one buffer, returned last (None if no GEMM splits), which must be zero before the GEMMs run:
-    ``align(zero=...)`` clears it without an extra launch."""
+    one buffer, returned last (None if it would be empty), followed by ``extra`` more counters (GEMM2's
+    ``SlotSum``); it must be zero before the GEMMs run: ``align(zero=...)`` clears it without an extra
+    launch (direct routing: ``launch_gemm1(zero=...)``)."""
     tiles = [n_blocks * triton.cdiv(n, block_n) if split > 1 else 0 for split, _, n, block_n in gemms]
-    counters = torch.empty(sum(tiles), dtype=torch.int32, device=device) if sum(tiles) else None
+    total = sum(tiles) + extra
+    counters = torch.empty(total, dtype=torch.int32, device=device) if total else None
     out, start = [], 0
     for (split, width, _, _), t in zip(gemms, tiles, strict=True):
         if split > 1:
@@ -144,6 +150,7 @@ def launch_gemm1(
     out_scale: torch.Tensor | None = None,
     round_to: torch.dtype | None = None,
     split: SplitK | None = None,
+    zero: torch.Tensor | None = None,
     pdl: dict | None = None,
     switches: Switches | None = None,
 ) -> None:
@@ -153,8 +160,9 @@ def launch_gemm1(
     (fp8_block, ``fp8_intermediate(tiles)``): ``out`` is float8_e4m3fn and receives GEMM2's input
     quantized, ``out_scale`` ``[rows, ceil(I/128)]`` fp32 its scales; ``round_to`` (required with it) is
     the activations' dtype, which the activated tile is rounded to first, as an unquantized intermediate
-    is. ``pdl``: the keywords of ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode
-    choice (None: ``current_switches()``)."""
+    is. ``zero`` (direct routing only): an int32 buffer GEMM1 zeroes (GEMM2's counters). ``pdl``: the
+    keywords of ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode choice (None:
+    ``current_switches()``)."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     inter = w.weight.shape[1] // 2
@@ -165,12 +173,15 @@ def launch_gemm1(
     if out_fp8 and (not fp8_intermediate(w.scheme, g) or round_to not in _TL_DTYPES):
         raise ValueError(f"GEMM1 quantizes its output for fp8_block tiles with BLOCK_N a multiple of 128 and a "
                          f"float round_to dtype, not {g} and {round_to}")  # fmt: skip
+    if zero is not None and not r.direct:
+        raise ValueError("launch_gemm1(zero=...) is for direct routing; align(zero=...) clears buffers otherwise")
     gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
         x, x_scale if a_fp8 else x, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else x, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, out,
         out_scale if out_fp8 else r.topk_weights,
-        partials, counters, r.topk_weights.numel(), num_m, inter, x.shape[1], num_experts,
+        partials, counters, zero if zero is not None else r.offsets, zero.numel() if zero is not None else 0,
+        r.topk_weights.numel(), num_m, inter, x.shape[1], num_experts,
         float(activation.alpha), float(activation.limit),
         x.stride(0), x.stride(1), x_scale.stride(0) if a_fp8 else 0, *w.weight.stride(),
         *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), out.stride(0), out.stride(1),
@@ -179,8 +190,8 @@ def launch_gemm1(
         TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], ACTIVATION=ACTIVATION_IDS[activation.name],
         HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
-        BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), num_warps=g.num_warps,
-        num_stages=g.num_stages, **(pdl or {}),
+        BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), DIRECT=r.direct,
+        num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
@@ -194,30 +205,36 @@ def launch_gemm2(
     a_scale: torch.Tensor | None = None,
     by_token: bool = False,
     split: SplitK | None = None,
+    slot_sum: SlotSum | None = None,
     pdl: dict | None = None,
     switches: Switches | None = None,
 ) -> None:
     """GEMM2 of the intermediate ``a`` ``[rows, I]`` + bias + routing weight into ``y``: ``[M*k, H]``, one
     row per (token, slot) pair, or ``[M, H]`` when ``by_token`` (k == 1: no slot sum follows). ``a_scale``:
     ``a`` holds fp8_block codes and these are their scales (``launch_gemm1``'s ``out_scale``). ``split``
-    (partials ``[split, rows, H]``), ``pdl`` and ``switches`` as in ``launch_gemm1``."""
+    (partials ``[split, rows, H]``), ``pdl`` and ``switches`` as in ``launch_gemm1``. ``slot_sum`` (direct
+    routing, k > 1): also sum each token's slots of ``y`` into ``slot_sum.out`` in this launch."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     h = y.shape[1]
     split_k, partials, counters, *p_strides = _split_args(split, r.offsets)
+    if slot_sum is not None and (not r.direct or by_token):
+        raise ValueError("GEMM2 sums the slots itself only with direct routing and k > 1")
     a_fp8 = a_scale is not None
     gemm._gemm2[(num_m * triton.cdiv(h, g.block_n) * split_k,)](
         a, a_scale if a_fp8 else a, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else y, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, y,
-        partials, counters, r.topk_weights.numel(), num_m, h, a.shape[1], w.weight.shape[0],
+        partials, counters, slot_sum.out if slot_sum else y, slot_sum.counters if slot_sum else r.offsets,
+        r.block_expert, r.topk_weights.numel(), num_m, h, a.shape[1], w.weight.shape[0],
         a.stride(0), a.stride(1), a_scale.stride(0) if a_fp8 else 0, *w.weight.stride(),
         *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), y.stride(0), y.stride(1), *p_strides,
+        slot_sum.out.stride(0) if slot_sum else 0,
         TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input,
         OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
-        GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), A_FP8=a_fp8, num_warps=g.num_warps,
-        num_stages=g.num_stages, **(pdl or {}),
+        GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), A_FP8=a_fp8, DIRECT=r.direct,
+        SUM_SLOTS=slot_sum is not None, num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
@@ -270,18 +287,19 @@ def run_fused_moe(
     )
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device, sw)
     pdl = pdl_kwargs(x.device, sw)
-    n_blocks = align.max_blocks(m * top_k, num_experts, cfg.block_m)
-    split2 = cfg.split_k2
-    scratch1, scratch2, counters = split_scratch(
-        n_blocks, cfg.block_m, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n), (split2, h, h, cfg.gemm2.block_n)
-    )
     ids = align.flat_ids(topk_ids)  # contiguous int32 [M*k]: align and the slot sum index it
+    weights = topk_weights.reshape(-1).contiguous()
+    by_token = top_k == 1
+    if sw.direct and direct_decode(m, top_k, num_experts):
+        _run_direct(x, ids, weights, w13, w2, activation, out, cfg, split, router_on_input, pdl, sw)
+        return
+    n_blocks = align.max_blocks(m * top_k, num_experts, cfg.block_m)
+    scratch1, scratch2, counters = split_scratch(
+        n_blocks, cfg.block_m, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n),
+        (cfg.split_k2, h, h, cfg.gemm2.block_n),
+    )  # fmt: skip
     routing = AlignedRouting(
-        topk_weights.reshape(-1).contiguous(),
-        *align.align(ids, num_experts, cfg.block_m, pdl, zero=counters),
-        top_k,
-        cfg.block_m,
-        router_on_input,
+        weights, *align.align(ids, num_experts, cfg.block_m, pdl, zero=counters), top_k, cfg.block_m, router_on_input
     )
     rows = n_blocks * cfg.block_m
     prequant = scheme == "fp8_block" and sw.fp8_prequant
@@ -293,7 +311,6 @@ def run_fused_moe(
         intermediate, inter_scale = torch.empty(rows, inter, dtype=x.dtype, device=x.device), None
     launch_gemm1(a, w13, routing, activation, intermediate, cfg.gemm1, x_scale=a_scale, out_scale=inter_scale,
                  round_to=x.dtype, split=scratch1, pdl=pdl, switches=sw)  # fmt: skip
-    by_token = top_k == 1
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
     launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, a_scale=inter_scale, by_token=by_token, split=scratch2,
                  pdl=pdl, switches=sw)  # fmt: skip
@@ -301,6 +318,43 @@ def run_fused_moe(
         block = min(1024, triton.next_power_of_2(h))
         gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, ids, h, y.stride(0), out.stride(0), num_experts,
                                                     TOP_K=top_k, BLOCK_N=block, **pdl)  # fmt: skip
+
+
+def direct_routing(ids: torch.Tensor, topk_weights: torch.Tensor, top_k: int, block_m: int, router_on_input: bool):
+    """The ``AlignedRouting`` of a forward that skips the alignment: flat int32 ``ids`` ``[M*k]`` stand for
+    all three index tensors, one pair per row block (see ``AlignedRouting.direct``)."""
+    return AlignedRouting(topk_weights, ids, ids, ids, top_k, block_m, router_on_input, direct=True)
+
+
+def _run_direct(x, ids, weights, w13, w2, activation, out, cfg, split, router_on_input, pdl, sw) -> None:
+    """The decode forward in two launches: GEMM1 over one row block per pair (zeroing GEMM2's counters),
+    GEMM2 summing the slots itself. fp8_block quantizes in the K loops (``A_FP8`` off): a row per block
+    makes that cheaper than the extra launch of ``quantize_fp8_groups``. If GEMM1 splits K its own counters
+    must be zero before it starts: one memset then."""
+    m, h = x.shape
+    top_k = ids.numel() // m
+    inter = w13.weight.shape[1] // 2
+    pairs = ids.numel()
+    by_token = top_k == 1
+    slot_tiles = 0 if by_token else m * triton.cdiv(h, cfg.gemm2.block_n)
+    scratch1, scratch2, counters = split_scratch(
+        pairs, 1, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n), (cfg.split_k2, h, h, cfg.gemm2.block_n),
+        extra=slot_tiles,
+    )  # fmt: skip
+    routing = direct_routing(ids, weights, top_k, cfg.block_m, router_on_input)
+    zero = counters
+    if scratch1 is not None:  # GEMM1's own counters: zero before it runs
+        counters.zero_()
+        zero = None
+    intermediate = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    launch_gemm1(x, w13, routing, activation, intermediate, cfg.gemm1, split=scratch1, zero=zero, pdl=pdl,
+                 switches=sw)  # fmt: skip
+    if by_token:
+        launch_gemm2(intermediate, w2, routing, out, cfg.gemm2, by_token=True, split=scratch2, pdl=pdl, switches=sw)
+        return
+    y = torch.empty(pairs, h, dtype=x.dtype, device=x.device)
+    slots = SlotSum(out, counters[counters.numel() - slot_tiles :])
+    launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, split=scratch2, slot_sum=slots, pdl=pdl, switches=sw)
 
 
 def fused_moe_flat(

@@ -47,6 +47,10 @@ class AlignedRouting(NamedTuple):
     ``topk_weights`` flat ``[M*k]`` fp32; ``sorted_ids``, ``block_expert``, ``offsets`` the expert-sorted,
     ``block_m``-padded pair index of ``align``; ``top_k`` the slots per token; ``router_on_input``:
     the routing weight scales GEMM1's input rather than GEMM2's output.
+
+    ``direct`` (decode, ``launch.direct_routing``): no alignment ran; all three index tensors are the flat
+    expert ids ``[M*k]``, each GEMM row block is one pair (in pair order) and the intermediate has one
+    row per pair.
     """
 
     topk_weights: torch.Tensor
@@ -56,6 +60,7 @@ class AlignedRouting(NamedTuple):
     top_k: int
     block_m: int
     router_on_input: bool = False
+    direct: bool = False
 
 
 class SplitK(NamedTuple):
@@ -69,3 +74,11 @@ class SplitK(NamedTuple):
     @property
     def factor(self) -> int:
         return self.partials.shape[0]
+
+
+class SlotSum(NamedTuple):
+    """GEMM2 sums the k slots itself (direct routing, k > 1): into ``out`` ``[M, H]``, counting each token's
+    (pair, N tile) programs in with ``counters`` (int32, one per (token, N tile), zero before the launch)."""
+
+    out: torch.Tensor
+    counters: torch.Tensor

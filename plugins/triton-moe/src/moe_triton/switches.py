@@ -60,6 +60,12 @@ class Switches:
         "launch every kernel of the forward with programmatic dependent launch (CUDA SM90+): each may start "
         "while its predecessor finishes and waits for its writes in its first statement",
     )
+    direct: bool = _switch(
+        True,
+        "MOE_TRITON_DIRECT",
+        "at decode (kernel_configs.direct_decode) skip the alignment: one GEMM row block per (token, slot) "
+        "pair, GEMM2 summing the slots itself, two launches in all; the same result",
+    )
     auto_split_k: bool = _switch(
         False,
         "MOE_TRITON_AUTO_SPLIT_K",

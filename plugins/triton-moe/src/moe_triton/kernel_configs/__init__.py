@@ -97,6 +97,18 @@ SPLIT_K_MAX_PAIRS = 128
 SPLIT_K_MAX = 8
 
 
+#: direct routing while the pairs are at most this fraction of the experts (or M == 1)
+DIRECT_EXPERTS_PER_PAIR = 8
+
+
+def direct_decode(m: int, top_k: int, num_experts: int) -> bool:
+    """Whether a forward of ``m`` tokens skips the alignment (``launch`` direct routing: one row block per
+    (token, slot) pair). A pair's block reads its expert's weights even when another pair has the same
+    expert, so this holds only while such repeats are rare: one token (its k experts are distinct), or at
+    most one pair per ``DIRECT_EXPERTS_PER_PAIR`` experts. It saves the alignment and slot-sum launches."""
+    return m == 1 or m * top_k * DIRECT_EXPERTS_PER_PAIR <= num_experts
+
+
 def min_block_k(scheme: str) -> int:
     """fp8_block quantizes activations per 128 columns inside one K tile; mxfp4 walks 64-wide prepared chunks."""
     return 128 if scheme == "fp8_block" else 64 if scheme == "mxfp4" else 16

@@ -40,6 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from moe_triton.kernels.align import _fill
 from moe_triton.kernels.operands import (
     CHUNK,
     FLOAT,
@@ -89,12 +90,34 @@ def _program_tile(num_m, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+def _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
     """The row block's rows of the aligned index, their (token, slot) pairs and which rows hold one (the
-    alignment pads each expert's rows with ``num_pairs``)."""
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    return rows, pair, pair < num_pairs
+    alignment pads each expert's rows with ``num_pairs``). ``DIRECT``: block ``pid_m`` is pair ``pid_m``
+    alone, in its first row (the other rows are masked), and its rows index the intermediate by pair."""
+    if DIRECT:
+        r = tl.arange(0, BLOCK_M)
+        rows = pid_m + r * 0
+        pair = rows
+        row_ok = r == 0
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ptr + rows)
+        row_ok = pair < num_pairs
+    return rows, pair, row_ok
+
+
+@triton.jit
+def _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+    """The block's expert (``num_experts``: the null segment), or -1 for an aligned block past the rows in
+    use. ``DIRECT``: ``block_expert_ptr`` holds the flat ids and block ``pid_m`` is pair ``pid_m``; an id
+    outside ``[0, E)`` is the null segment."""
+    if DIRECT:
+        e = tl.load(block_expert_ptr + pid_m)
+        expert = tl.where((e >= 0) & (e < num_experts), e, num_experts).to(tl.int64)
+    else:
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        expert = tl.where(pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1), -1, expert)
+    return expert
 
 
 @triton.jit
@@ -129,14 +152,14 @@ def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _gemm1(
     x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    os_ptr, part_ptr, count_ptr, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
+    os_ptr, part_ptr, count_ptr, zero_ptr, num_zero, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
     stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_be, stride_bn, stride_om, stride_on, stride_osm, stride_ps, stride_pm, stride_pn,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
-    ROUND: tl.constexpr = tl.bfloat16, PDL: tl.constexpr = False,
+    ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
 
@@ -155,15 +178,22 @@ def _gemm1(
 
     ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
     transposed back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``).
+
+    ``DIRECT`` (decode, no alignment ran): ``block_expert_ptr`` holds the flat expert ids and program
+    row block ``pid_m`` is pair ``pid_m`` (``_block_pairs``); the intermediate has one row per pair.
+    Program 0 zeroes ``zero_ptr[:num_zero]`` (GEMM2's counters), the alignment's job on the aligned path.
     """
     _pdl_start(PDL)
+    if DIRECT:
+        if tl.program_id(0) == 0:
+            _fill(zero_ptr, 0, num_zero, 0, 1024)
     split, tile, pid_m, pid_n = _program_tile(num_m, N_HALF, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
+    expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
+    if expert < 0:  # past the rows in use
         return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert == num_experts:  # null segment: its pairs are zeroed by GEMM2, which never reads these rows
         return
-    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M)
+    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
     token = (pair // TOP_K).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N_HALF
@@ -257,23 +287,29 @@ def _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K: tl.constexpr, OUT_B
 @triton.jit
 def _gemm2(
     a_ptr, as_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    part_ptr, count_ptr, num_pairs, num_m, N, K, num_experts,
+    part_ptr, count_ptr, sum_ptr, slot_count_ptr, ids_ptr, num_pairs, num_m, N, K, num_experts,
     stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
+    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn, stride_sm,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
     OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
+    SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB`` and ``SPLIT_K`` as in ``_gemm1`` (the
-    partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes and ``as`` the
-    scales that GEMM1's ``OUT_FP8`` epilogue wrote."""
+    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K`` and ``DIRECT`` as in
+    ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes
+    and ``as`` the scales that GEMM1's ``OUT_FP8`` epilogue wrote.
+
+    ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
+    program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
+    and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
+    order and arithmetic of ``_sum_slots``, so no separate launch."""
     _pdl_start(PDL)
     split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(offsets_ptr + num_experts + 1):
+    expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
+    if expert < 0:  # past the rows in use
         return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M)
+    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     if expert == num_experts:  # null segment: no weight, partial or bias read
@@ -281,7 +317,10 @@ def _gemm2(
             zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
             tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
                      mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
-        return  # k > 1: _sum_slots leaves this pair's slot out
+        if SUM_SLOTS and split == 0:  # counted in, its slot left out of the sum
+            _slot_sum(out_ptr, sum_ptr, ids_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok, tl.cdiv(N, BLOCK_N),
+                      stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+        return  # k > 1: the slot sum leaves this pair's slot out
     dot_dtype = out_ptr.dtype.element_ty
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -332,6 +371,35 @@ def _gemm2(
         acc.to(out_ptr.dtype.element_ty),
         mask=out_mask,
     )
+    if SUM_SLOTS:
+        _slot_sum(out_ptr, sum_ptr, ids_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok, tl.cdiv(N, BLOCK_N),
+                  stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _slot_terms(y_ptr, ids_ptr, t, n, n_ok, stride_ym, num_experts, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                CACHE: tl.constexpr):  # fmt: skip
+    """Sum over the k slots of token ``t``'s rows ``y[t*k + j]``, in slot order, in fp32; a slot whose id
+    lies outside ``[0, E)`` is left out (GEMM2 never wrote its row). ``CACHE``: the loads' cache modifier."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros((BLOCK_N,), dtype=tl.int32))  # the slot's id, per lane
+        ok = n_ok & (e >= 0) & (e < num_experts)
+        acc += tl.load(y_ptr + (t * TOP_K + j) * stride_ym + n, mask=ok, other=0.0, cache_modifier=CACHE).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _slot_sum(y_ptr, sum_ptr, ids_ptr, count_ptr, t, pid_n, n, n_ok, num_n, stride_ym, stride_sm, num_experts,
+              TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Count this (pair, N tile) in at token ``t``'s counter; the k-th to arrive sums the token's rows
+    (``_slot_terms``, read past L1 as split-K's partials are: ``kernels.split``) into ``sum_ptr[t]`` and
+    zeroes the counter again."""
+    counter = count_ptr + t * num_n + pid_n
+    if _arrive(counter) == TOP_K - 1:
+        tl.atomic_xchg(counter, 0)
+        acc = _slot_terms(y_ptr, ids_ptr, t.to(tl.int64), n, n_ok, stride_ym, num_experts, TOP_K, BLOCK_N, ".cg")
+        tl.store(sum_ptr + t.to(tl.int64) * stride_sm + n, acc.to(sum_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -363,9 +431,5 @@ def _sum_slots(
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = n < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros((BLOCK_N,), dtype=tl.int32))  # the slot's id, per lane
-        ok = mask & (e >= 0) & (e < num_experts)
-        acc += tl.load(y_ptr + (t * TOP_K + j) * stride_ym + n, mask=ok, other=0.0).to(tl.float32)
+    acc = _slot_terms(y_ptr, ids_ptr, t, n, mask, stride_ym, num_experts, TOP_K, BLOCK_N, "")
     tl.store(out_ptr + t * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
