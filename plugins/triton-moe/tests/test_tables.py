@@ -1,5 +1,5 @@
-"""Tuned tables: the user's table of a device first, per shape key, then the shipped one; a bad user table
-is ignored with a warning; tuning writes into the user directory and the next lookup sees it."""
+"""Tuned tables: the user's table of a device first, per shape key and token count, then the shipped one; a
+bad user table is ignored with a warning; tuning writes into the user directory and the next lookup sees it."""
 
 from __future__ import annotations
 
@@ -34,12 +34,16 @@ def test_user_table_location_follows_the_variables(tmp_path, monkeypatch):
     assert kernel_configs.user_table_path("cpu") == tmp_path / "mine" / "cpu.json"
 
 
-def test_a_user_entry_replaces_the_shipped_entry_of_its_key_only(table_dir):
+def test_a_user_entry_replaces_the_shipped_configs_of_its_key_and_token_counts_only(table_dir):
     shipped = kernel_configs.shipped_table(SHIPPED)
     mine_key, other_key = sorted(shipped)[:2]
     new_key = kernel_configs.table_key("fp32", 8, 64, 32, 2)
-    _write(table_dir / f"{SHIPPED}.json", {mine_key: {"3": MINE.as_dict()}, new_key: {"1": MINE.as_dict()}})
-    assert kernel_configs.tuned_entry(SHIPPED, mine_key) == {3: MINE}  # the shipped token counts are gone too
+    replaced = min(shipped[mine_key])
+    _write(table_dir / f"{SHIPPED}.json", {mine_key: {"3": MINE.as_dict(), str(replaced): MINE.as_dict()},
+                                           new_key: {"1": MINE.as_dict()}})  # fmt: skip
+    # the shipped token counts of the key stay, except the one the user's table has too
+    assert kernel_configs.tuned_entry(SHIPPED, mine_key) == {**shipped[mine_key], 3: MINE, replaced: MINE}
+    assert shipped[mine_key][replaced] != MINE
     assert kernel_configs.tuned_entry(SHIPPED, other_key) == shipped[other_key]
     assert kernel_configs.tuned_entry(SHIPPED, new_key) == {1: MINE}
     assert set(kernel_configs.tables(SHIPPED)) == {*shipped, new_key}

@@ -9,9 +9,9 @@ Two tables are read per device: the user's, written by ``moe tune triton``
 into ``user_table_path`` (``$MOE_TRITON_TABLE_DIR``, else
 ``$MOE_CACHE_DIR/triton``, else the user cache directory's ``moe/triton``;
 never the installed package, which may be read-only and is replaced on
-upgrade), and the one shipped in this package. A user entry replaces the
-shipped entry of its shape key only; shapes neither covers get
-``heuristic_config``. A user table that cannot be read or parsed is ignored
+upgrade), and the one shipped in this package. The user's token counts of a
+shape key replace the shipped ones at the same M; the shipped table's other
+Ms stay; shapes neither covers get ``heuristic_config``. A user table that cannot be read or parsed is ignored
 with a warning naming it. Tables are read once per process and device;
 ``clear_cache()`` makes the next forward read them again (the tuner calls it
 after every write).
@@ -241,9 +241,11 @@ def user_table(slug: str) -> dict[str, dict[int, KernelConfig]]:
 
 @functools.cache
 def tables(slug: str) -> dict[str, dict[int, KernelConfig]]:
-    """The entries a forward on this device uses: the shipped table's, each shape key the user's table has
-    replaced by the user's. Read once per process (``clear_cache``)."""
-    return {**shipped_table(slug), **user_table(slug)}
+    """The entries a forward on this device uses: per shape key, the shipped table's token counts with the
+    user's table's over them (a tune of one M leaves the shipped configs of the other Ms in force). Read
+    once per process (``clear_cache``)."""
+    shipped, user = shipped_table(slug), user_table(slug)
+    return {key: {**shipped.get(key, {}), **user.get(key, {})} for key in {**shipped, **user}}
 
 
 def tuned_entry(slug: str, key: str) -> dict[int, KernelConfig] | None:
