@@ -106,7 +106,7 @@ def test_invalid_ids_contribute_zero_and_leave_valid_tokens_bitwise_unchanged(
 
 @pytest.mark.parametrize("scheme,dtype,top_k", [(WIDE, FLOAT, 2), ("mxfp4", HALF, 1)])
 def test_two_launch_alignment_sends_invalid_ids_to_the_null_segment(monkeypatch, scheme, dtype, top_k):
-    """Above ``SINGLE_PROGRAM_PAIRS`` the plan and the scatter are two kernels (lowered here to 8 pairs)."""
+    """Above ``SINGLE_PROGRAM_PAIRS`` the alignment is three kernels: count, plan, scatter (lowered here to 8 pairs)."""
     monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 8)
     cfg = MoeConfig(8, top_k, 128, 64, quant_scheme=scheme, activation="silu", dtype=dtype, has_bias=True)
     weights = random_weights(cfg, DEVICE)
@@ -143,12 +143,14 @@ def test_null_segment_blocks_skip_gemm1_and_zero_their_gemm2_rows():
     assert not counters.any()
 
 
-# one program; count + plan + scatter with one counting program, then with five (each also fills its share)
-@pytest.mark.parametrize("pairs,count_pairs", [(7, 1024), (40, 1024), (40, 8)])
-def test_align_builds_the_null_segment(monkeypatch, pairs, count_pairs):
+# one program; count + plan + scatter with one counting program, then with five (each also fills its share);
+# 64 experts (most segments empty) in one program and over three scatter programs
+@pytest.mark.parametrize("pairs,count_pairs,e", [(7, 1024, 8), (40, 1024, 8), (40, 8, 8), (9, 1024, 64),
+                                                 (600, 128, 64)])  # fmt: skip
+def test_align_builds_the_null_segment(monkeypatch, pairs, count_pairs, e):
     monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 16)
     monkeypatch.setattr(align_mod, "COUNT_PAIRS", count_pairs)
-    e, block_m = 8, 16
+    block_m = 16
     gen = torch.Generator().manual_seed(pairs)
     flat = torch.randint(0, e, (pairs,), generator=gen, dtype=torch.int32)
     flat[::3] = torch.tensor(BAD, dtype=torch.int32).repeat(pairs)[: len(flat[::3])]
@@ -167,6 +169,8 @@ def test_align_builds_the_null_segment(monkeypatch, pairs, count_pairs):
     assert sorted(p for p in null if p < pairs) == [p for p, s in enumerate(segment) if s == e]
     assert null.count(pairs) == padded[e] - counts[e]
     assert block_expert[starts[e] // block_m : total // block_m].tolist() == [e] * (padded[e] // block_m)
+    owners = [s for s in range(e + 1) for _ in range(padded[s] // block_m)]  # every block's segment, in order
+    assert block_expert[: total // block_m].tolist() == owners
     assert set(block_expert[total // block_m :].tolist()) <= {e + 1}
     assert set(sorted_ids[total:].tolist()) <= {pairs}
 

@@ -177,12 +177,12 @@ for e, e_pow2, pair_chunk, block_chunk in ((256, 512, 256, 64), (128, 256, 16, 1
     for pdl in (False, True):
         tag = f"E={e} steps {pair_chunk}{' pdl' if pdl else ''}"
         build(align._count, i32, dict(E=e, E_POW2=e_pow2, PAIRS=1024, WIDTH=1024, PDL=pdl), f"count {tag}")
-        build(align._plan, i32, dict(E=e, E_POW2=e_pow2, BLOCK_M=16, ROWS=16, BLOCK_CHUNK=block_chunk, PDL=pdl),
-              f"plan {tag}")  # fmt: skip
+        build(align._plan, i32, dict(E=e, E_POW2=e_pow2, BLOCK_M=16, ROWS=16, PDL=pdl), f"plan {tag}")
+        sc = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, CHUNK=256, BLOCK_CHUNK=block_chunk, PDL=pdl)
+        build(align._scatter, i32, sc, f"scatter {tag}")
         cp = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, WIDTH=1024, PAIR_CHUNK=pair_chunk, BLOCK_CHUNK=block_chunk, PDL=pdl)
         build(align._plan_and_scatter, i32, cp, f"plan_and_scatter {tag}")
 for pdl in (False, True):
-    build(align._scatter, i32, dict(E=128, CHUNK=256, PDL=pdl), f"scatter{' pdl' if pdl else ''}")
     build(gemm._sum_slots, lambda n: "*i32" if n == "ids_ptr" else "*bf16" if n.endswith("_ptr") else "i32",
           dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
 print("compiled", compiled, "kernels for sm90")

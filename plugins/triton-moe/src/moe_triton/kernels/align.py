@@ -21,9 +21,11 @@ Above ``SINGLE_PROGRAM_PAIRS`` pairs, three launches:
    split-K arrival counters of both GEMMs: zeroing them here costs no launch).
 2. ``_plan`` (one program): the partial counts summed; padded segment offsets
    (each segment's pairs padded to a multiple of BLOCK_M), the number of used
-   padded rows, the segment of every block and zeroed per-segment cursors.
+   padded rows and zeroed per-segment cursors.
 3. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
-   claims the next row of its segment with an atomic increment.
+   claims the next row of its segment with an atomic increment, and the
+   program finds the segment of its share of the blocks (``_owners``: a
+   binary search over the offsets).
 
 Up to it (decode), ``_plan_and_scatter`` does all of it in one program. The
 counting and the fills are spread over programs because in one program they
@@ -74,11 +76,8 @@ def _count_into(ids_ptr, counts_ptr, lo, hi, E: tl.constexpr, E_POW2: tl.constex
 
 
 @triton.jit
-def _layout(
-    counts, offsets_ptr, cursor_ptr, block_expert_ptr, max_blocks, E: tl.constexpr, E_POW2: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
-):  # fmt: skip
-    """From the per-segment counts: padded segment offsets and the total, zeroed cursors, each block's segment."""
+def _layout(counts, offsets_ptr, cursor_ptr, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """From the per-segment counts: padded segment offsets and the total, zeroed cursors."""
     experts = tl.arange(0, E_POW2)
     padded = tl.where(experts <= E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
     ends = tl.cumsum(padded, 0)
@@ -87,13 +86,30 @@ def _layout(
     total = tl.sum(padded, 0)
     tl.store(offsets_ptr + E + 1, total)
     tl.store(cursor_ptr + experts, tl.zeros((E_POW2,), dtype=tl.int32), mask=experts <= E)
-    # segment of each block: the number of segment ends at or before the block start
-    for start in range(0, max_blocks, BLOCK_CHUNK):
-        blocks = start + tl.arange(0, BLOCK_CHUNK)
+
+
+@triton.jit
+def _owners(
+    offsets_ptr, block_expert_ptr, lo, hi, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+    WIDTH: tl.constexpr,
+):  # fmt: skip
+    """``block_expert[lo:hi]`` from the written offsets: the segment holding each block's first row — the
+    last segment whose start is at or below it (an empty segment starts where the next one does, so it is
+    never the last such), found by a branchless binary search over ``offsets[0..E]`` (log2(E_POW2) gathers
+    per block, where comparing every block with every segment end cost a [blocks, E_POW2] tile); ``E + 1``
+    past the rows in use."""
+    total = tl.load(offsets_ptr + E + 1)
+    for start in range(lo, hi, WIDTH):
+        blocks = start + tl.arange(0, WIDTH)
         row = blocks * BLOCK_M
-        owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), 1)
-        owner = tl.where(row < total, owner, E + 1)
-        tl.store(block_expert_ptr + blocks, owner, mask=blocks < max_blocks)
+        seg = tl.zeros((WIDTH,), dtype=tl.int32)
+        for i in tl.static_range(16):  # steps E_POW2/2, E_POW2/4, ..., 1 (E_POW2 <= 2**16)
+            if (E_POW2 >> (i + 1)) > 0:
+                cand = seg + (E_POW2 >> (i + 1))
+                ok = cand <= E
+                first = tl.load(offsets_ptr + cand, mask=ok, other=0)
+                seg = tl.where(ok & (first <= row), cand, seg)
+        tl.store(block_expert_ptr + blocks, tl.where(row < total, seg, E + 1), mask=blocks < hi)
 
 
 @triton.jit
@@ -117,17 +133,14 @@ def _plan(
     partial_ptr,  # [programs, E_POW2] int32: _count's per-program segment counts
     offsets_ptr,  # [E + 2] int32: start row of each segment (experts, then the null one), then the total
     cursor_ptr,  # [E + 1] int32: zeroed here, used by _scatter
-    block_expert_ptr,  # [max_blocks] int32: segment of each BLOCK_M block (E + 1 for unused blocks)
     programs,
-    max_blocks,
     E: tl.constexpr,
     E_POW2: tl.constexpr,  # a power of two >= E + 2
     BLOCK_M: tl.constexpr,
     ROWS: tl.constexpr,  # partial rows summed per step: [ROWS, E_POW2] loads
-    BLOCK_CHUNK: tl.constexpr,  # blocks per owner step: [BLOCK_CHUNK, E_POW2] compares
     PDL: tl.constexpr = False,
 ):
-    """One program: the partial counts summed, then ``_layout``."""
+    """One program: the partial counts summed, then ``_layout`` (the blocks' segments are ``_scatter``'s)."""
     _pdl_start(PDL)
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros((E_POW2,), dtype=tl.int32)
@@ -135,7 +148,7 @@ def _plan(
         p = start + tl.arange(0, ROWS)
         tile = tl.load(partial_ptr + p[:, None] * E_POW2 + experts[None, :], mask=(p < programs)[:, None], other=0)
         counts += tl.sum(tile, 0)
-    _layout(counts, offsets_ptr, cursor_ptr, block_expert_ptr, max_blocks, E, E_POW2, BLOCK_M, BLOCK_CHUNK)
+    _layout(counts, offsets_ptr, cursor_ptr, E, E_POW2, BLOCK_M)
 
 
 @triton.jit
@@ -151,10 +164,11 @@ def _plan_and_scatter(
     _count_into(ids_ptr, cursor_ptr, 0, num_pairs, E, E_POW2, PAIR_CHUNK)
     counts = tl.load(cursor_ptr + experts)
     tl.debug_barrier()  # every count is read before _layout zeroes the cursors
-    _layout(counts, offsets_ptr, cursor_ptr, block_expert_ptr, max_blocks, E, E_POW2, BLOCK_M, BLOCK_CHUNK)
+    _layout(counts, offsets_ptr, cursor_ptr, E, E_POW2, BLOCK_M)
     _fill(sorted_ptr, 0, max_rows, num_pairs, WIDTH)
     _fill(zero_ptr, 0, num_zero, 0, WIDTH)
     tl.debug_barrier()  # the plan's global writes are visible to every thread of this program
+    _owners(offsets_ptr, block_expert_ptr, 0, max_blocks, E, E_POW2, BLOCK_M, BLOCK_CHUNK)
     for start in range(0, num_pairs, PAIR_CHUNK):
         offs = start + tl.arange(0, PAIR_CHUNK)
         mask = offs < num_pairs
@@ -166,11 +180,17 @@ def _plan_and_scatter(
 
 @triton.jit
 def _scatter(
-    ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, num_pairs, E: tl.constexpr, CHUNK: tl.constexpr,
+    ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, block_expert_ptr, num_pairs, max_blocks, blocks_per,
+    E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """Program p: each pair of ``[p*CHUNK, (p+1)*CHUNK)`` claims the next row of its segment, and the
+    segments of blocks ``[p*blocks_per, (p+1)*blocks_per)`` (``_owners``)."""
     _pdl_start(PDL)
-    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    p = tl.program_id(0)
+    _owners(offsets_ptr, block_expert_ptr, p * blocks_per, tl.minimum((p + 1) * blocks_per, max_blocks), E, E_POW2,
+            BLOCK_M, BLOCK_CHUNK)  # fmt: skip
+    offs = p * CHUNK + tl.arange(0, CHUNK)
     mask = offs < num_pairs
     ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
     slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
@@ -178,8 +198,9 @@ def _scatter(
     tl.store(sorted_ptr + start + slot, offs, mask=mask)
 
 
-#: up to this many (token, slot) pairs the alignment runs as one single-program launch
-SINGLE_PROGRAM_PAIRS = 2048
+#: up to this many (token, slot) pairs the alignment runs as one single-program launch; its atomics and
+#: fills run in that one program, so its time grows with the pairs, and above this three launches cost less
+SINGLE_PROGRAM_PAIRS = 512
 #: pairs each ``_count`` program counts (above SINGLE_PROGRAM_PAIRS)
 COUNT_PAIRS = 1024
 #: entries per step of the plain fills and of ``_count``'s loop
@@ -189,9 +210,8 @@ FILL_WIDTH = 1024
 def _chunk_for(count: int, chunk: int) -> int:
     """Step width for a loop over ``count`` items: ``chunk``, or the next power of two >= count (>= 16) if smaller.
 
-    The histogram and the block-owner search compare a [step, E_POW2] tile; at decode (8 pairs, 9 blocks)
-    a 256-wide step made the alignment 9 us for 128 experts on the H200 (E=8: 3.5 us), almost all of it
-    compares of padding.
+    Steps wider than the work are padding, and at decode (a few pairs and blocks) padding would be most of
+    the work.
     """
     return min(chunk, max(16, triton.next_power_of_2(count)))
 
@@ -232,14 +252,13 @@ def align(
     if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
         raise ValueError(f"align zeroes a contiguous int32 buffer, got {zero.dtype}")
     num_zero = zero.numel() if zero is not None else 0
-    block_chunk = _chunk_for(n_blocks, 256 if e_pow2 <= 256 else 64)  # [BLOCK_CHUNK, E_POW2] compares
     pdl = pdl or {}
     if num_pairs <= SINGLE_PROGRAM_PAIRS:
         cursor = torch.empty(e_pow2, dtype=torch.int32, device=device)  # the counts first: one per bin
         _plan_and_scatter[(1,)](
             ids, offsets, cursor, block_expert, sorted_ids, zero if zero is not None else cursor, num_pairs, max_rows,
             n_blocks, num_zero, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, WIDTH=FILL_WIDTH,
-            PAIR_CHUNK=_chunk_for(num_pairs, 256), BLOCK_CHUNK=block_chunk, num_warps=4, **pdl,
+            PAIR_CHUNK=_chunk_for(num_pairs, 256), BLOCK_CHUNK=_chunk_for(n_blocks, 1024), num_warps=4, **pdl,
         )  # fmt: skip
         return sorted_ids, block_expert, offsets
     programs = triton.cdiv(num_pairs, COUNT_PAIRS)
@@ -250,9 +269,11 @@ def align(
         triton.cdiv(max_rows, programs), triton.cdiv(num_zero, programs), E=num_experts, E_POW2=e_pow2,
         PAIRS=COUNT_PAIRS, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
     )  # fmt: skip
-    _plan[(1,)](partial, offsets, cursor, block_expert, programs, n_blocks, E=num_experts, E_POW2=e_pow2,
-                BLOCK_M=block_m, ROWS=max(1, min(16, 8192 // e_pow2)), BLOCK_CHUNK=block_chunk, num_warps=4,
-                **pdl)  # fmt: skip
-    _scatter[(triton.cdiv(num_pairs, 256),)](ids, offsets, cursor, sorted_ids, num_pairs, E=num_experts, CHUNK=256,
-                                             num_warps=4, **pdl)  # fmt: skip
+    _plan[(1,)](partial, offsets, cursor, programs, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m,
+                ROWS=max(1, min(16, 8192 // e_pow2)), num_warps=4, **pdl)  # fmt: skip
+    scatters = triton.cdiv(num_pairs, 256)
+    blocks_per = triton.cdiv(n_blocks, scatters)
+    _scatter[(scatters,)](ids, offsets, cursor, sorted_ids, block_expert, num_pairs, n_blocks, blocks_per,
+                          E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=256,
+                          BLOCK_CHUNK=_chunk_for(blocks_per, 256), num_warps=4, **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets
