@@ -346,7 +346,7 @@ fi
 
 INSTALL=1
 COMMAND="tools/gpu.sh $*"
-NAMES=() LIMITS=() ARGS=()
+NAMES=() LIMITS=() STEP_ARGS=() FIRST_ARG=() ARG_COUNT=()  # a step's ARGS: STEP_ARGS[FIRST_ARG[i]] on, ARG_COUNT[i] of them
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
@@ -370,13 +370,13 @@ while [ $# -gt 0 ]; do
     limit=$(default_limit "$name")
     [[ $word == *@* ]] && limit=${word##*@}
     [ "$limit" -ge 1 ] || { echo "tools/gpu.sh: $word: the limit must be at least 1 second" >&2; exit 2; }
-    NAMES+=("$name"); LIMITS+=("$limit"); ARGS+=("")
+    NAMES+=("$name"); LIMITS+=("$limit"); FIRST_ARG+=("${#STEP_ARGS[@]}"); ARG_COUNT+=(0)
   elif [ ${#NAMES[@]} -eq 0 ] || [[ $word == *:* && $word != -* ]]; then
     echo "tools/gpu.sh: unknown step '$word' (bash tools/gpu.sh --help lists them)" >&2
     exit 2
   else
-    last=$((${#NAMES[@]} - 1))
-    ARGS[last]+="${ARGS[last]:+$'\x1f'}$word"
+    STEP_ARGS+=("$word")  # kept word for word, an empty argument too
+    ARG_COUNT[-1]=$((ARG_COUNT[-1] + 1))
   fi
 done
 if [ ${#NAMES[@]} -eq 0 ]; then
@@ -429,8 +429,7 @@ declare -A SEEN=()
 N=${#NAMES[@]}
 for i in "${!NAMES[@]}"; do
   name=${NAMES[i]} limit=${LIMITS[i]}
-  args=()
-  [ -n "${ARGS[i]}" ] && IFS=$'\x1f' read -r -a args <<< "${ARGS[i]}"
+  args=("${STEP_ARGS[@]:${FIRST_ARG[i]}:${ARG_COUNT[i]}}")
   folder=${name/:/-}
   SEEN[$folder]=$((${SEEN[$folder]:-0} + 1))
   [ "${SEEN[$folder]}" -gt 1 ] && folder=$folder-${SEEN[$folder]}
