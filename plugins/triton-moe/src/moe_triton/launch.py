@@ -6,8 +6,8 @@ activation in its epilogue -> GEMM2 with bias and routing weight in its
 epilogue -> sum over the k slots (skipped when k == 1). At decode
 (``kernel_configs.direct_decode``) the alignment is skipped: each GEMM row
 block is one (token, slot) pair, GEMM1 zeroes GEMM2's counters and GEMM2 sums
-the slots itself (``SlotSum``), so the forward is the two GEMM launches. With split-K (decode)
-either GEMM writes fp32 partials to a workspace sized from the shapes alone and
+the slots itself (``SlotSum``), so the forward is the two GEMM launches.
+With split-K (decode) either GEMM writes fp32 partials to a workspace sized from the shapes alone and
 the last program of each tile reduces them (arrival counters that the
 alignment zeroes), so the launch count is unchanged. With the ``pdl`` switch
 (``moe_triton.switches``) every kernel is launched with programmatic dependent
@@ -226,7 +226,7 @@ def launch_gemm2(
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else y, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, y,
         partials, counters, slot_sum.out if slot_sum else y, slot_sum.counters if slot_sum else r.offsets,
-        r.block_expert, r.topk_weights.numel(), num_m, h, a.shape[1], w.weight.shape[0],
+        r.topk_weights.numel(), num_m, h, a.shape[1], w.weight.shape[0],
         a.stride(0), a.stride(1), a_scale.stride(0) if a_fp8 else 0, *w.weight.stride(),
         *_scale_strides(w.scale, w.scheme), *_bias_strides(w.bias), y.stride(0), y.stride(1), *p_strides,
         slot_sum.out.stride(0) if slot_sum else 0,

@@ -11,8 +11,8 @@ into ``user_table_path`` (``$MOE_TRITON_TABLE_DIR``, else
 never the installed package, which may be read-only and is replaced on
 upgrade), and the one shipped in this package. The user's token counts of a
 shape key replace the shipped ones at the same M; the shipped table's other
-Ms stay; shapes neither covers get ``heuristic_config``. A user table that cannot be read or parsed is ignored
-with a warning naming it. Tables are read once per process and device;
+Ms stay; shapes neither covers get ``heuristic_config``. A user table that
+cannot be read or parsed is ignored with a warning naming it. Tables are read once per process and device;
 ``clear_cache()`` makes the next forward read them again (the tuner calls it
 after every write).
 

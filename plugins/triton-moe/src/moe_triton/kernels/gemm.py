@@ -287,7 +287,7 @@ def _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K: tl.constexpr, OUT_B
 @triton.jit
 def _gemm2(
     a_ptr, as_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    part_ptr, count_ptr, sum_ptr, slot_count_ptr, ids_ptr, num_pairs, num_m, N, K, num_experts,
+    part_ptr, count_ptr, sum_ptr, slot_count_ptr, num_pairs, num_m, N, K, num_experts,
     stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn, stride_sm,
     TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
@@ -303,7 +303,8 @@ def _gemm2(
     ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
     program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
     and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
-    order and arithmetic of ``_sum_slots``, so no separate launch."""
+    order and arithmetic of ``_sum_slots``, so no separate launch; the flat ids it skips invalid slots by
+    are ``block_expert_ptr``'s, as direct routing passes them."""
     _pdl_start(PDL)
     split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
     expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
@@ -318,8 +319,8 @@ def _gemm2(
             tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
                      mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
         if SUM_SLOTS and split == 0:  # counted in, its slot left out of the sum
-            _slot_sum(out_ptr, sum_ptr, ids_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok, tl.cdiv(N, BLOCK_N),
-                      stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+            _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                      tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
         return  # k > 1: the slot sum leaves this pair's slot out
     dot_dtype = out_ptr.dtype.element_ty
     if SWAP_AB:
@@ -372,8 +373,8 @@ def _gemm2(
         mask=out_mask,
     )
     if SUM_SLOTS:
-        _slot_sum(out_ptr, sum_ptr, ids_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok, tl.cdiv(N, BLOCK_N),
-                  stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+        _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                  tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
