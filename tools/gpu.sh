@@ -44,7 +44,8 @@ Steps (default limit in seconds):
                        "flashinfer_mxfp4": checking it without a built module would start its hour-long
                        JIT build; use flashinfer:conformance or flashinfer:slim-run) is left out unless named
   bench [BENCH ARGS]   (420)  `moe bench` on the model presets: triton and torch side by side in bf16
-                       -> bench-triton-torch-bf16.json (+ .png with matplotlib); triton fp8_block on
+                       (BENCH_BACKENDS, default "triton torch") -> bench-triton-torch-bf16.json (+ .png with
+                       matplotlib; the name follows BENCH_BACKENDS); triton fp8_block on
                        deepseek-v3-tp8 -> bench-triton-fp8_block.json; triton mxfp4 on gpt-oss-120b
                        -> bench-triton-mxfp4.json. BENCH ARGS (e.g. --tokens 1,8,64) go to every run
   door-cost [ARGS]     (240)  tools/gpu_door_cost.py: host cost of the runner's checks, GPU cost of the id
@@ -75,9 +76,10 @@ Steps (default limit in seconds):
                        ../shared/peer-bench with vLLM 0.33.0's kernels cut into .peer/vendor/: carry .peer) ->
                        side_by_side.json, log.txt and the markdown tables (report.md). ARGS go to the harness
                        (e.g. --parts bf16 --ms 512,4096 --profile-ms 4096)
-  overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched Qwen3-30B-A3B block at
-                       M=1 and of its parts (router, runner, checks, apply) against transformers'
-                       grouped_mm block -> overhead.json (transformers wheels in .whl/)
+  overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched block (Qwen3-30B-A3B, or
+                       --family gpt-oss-120b; --tokens M,...) and of its parts (router, runner, checks, apply)
+                       against transformers' grouped_mm block; --cprofile N, --kernels -> overhead.json
+                       (transformers wheels in .whl/)
 
 Plugin steps, PREFIX:STEP [ARGS] (default limit 300; flashinfer:build / flashinfer:slim-build /
 triton:tune 590): run plugins/PREFIX*/tools/gpu_check.sh STEP [ARGS] with OUT=$OUT/PREFIX-STEP/ (the
@@ -207,9 +209,11 @@ PY
 }
 
 step_bench() {
-  local status=0 plot=()
-  "$PY" -c "import matplotlib" 2>/dev/null && plot=(--plot "$OUT/bench-triton-torch-bf16.png")
-  "$PY" -m moe_core.cli bench --backend triton --backend torch --output "$OUT/bench-triton-torch-bf16.json" \
+  local status=0 plot=() backends=() b name
+  for b in ${BENCH_BACKENDS:-triton torch}; do backends+=(--backend "$b"); done
+  name=bench-$(echo ${BENCH_BACKENDS:-triton torch} | tr ' ' '-')-bf16
+  "$PY" -c "import matplotlib" 2>/dev/null && plot=(--plot "$OUT/$name.png")
+  "$PY" -m moe_core.cli bench "${backends[@]}" --output "$OUT/$name.json" \
     ${plot[@]+"${plot[@]}"} "$@" 2>&1 | tail -n 45 || status=1
   "$PY" -m moe_core.cli bench --backend triton --scheme fp8_block --preset deepseek-v3-tp8 \
     --output "$OUT/bench-triton-fp8_block.json" "$@" 2>&1 | tail -n 10 || status=1

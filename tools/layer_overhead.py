@@ -1,20 +1,26 @@
-"""Where the host time of one patched MoE block goes at decode (eager, one token): the parts timed alone.
+"""Where the host time of one patched MoE block goes (eager): the parts timed alone, and what they run.
 
-A Qwen3-30B-A3B-shaped block (H 2048, 128 experts, top-8, I 768; random weights, bf16) is patched with
-``patch_model(backend=...)``; for M=1 each part is called ``--repeat`` times back to back and timed two
-ways: *host* (the loop's wall time before synchronising, per call: what the CPU spends submitting work)
-and *wall* (synchronised after every call). Parts: the whole patched block as it runs by default (replayed
-from its own CUDA graph, ``moe_core.graphs``) and with those graphs off, its router, the runner's call, the
-runner's input checks (``validate_forward``), the backend's ``apply``, and transformers' own block with
-``grouped_mm`` for comparison.
+A block with a family's real shapes (``transformers_bench.FAMILIES``: Qwen3-30B-A3B or gpt-oss-120b; random
+weights, bf16) is patched with ``patch_model(backend=...)``; for each token count M each part is called
+``--repeat`` times back to back and timed two ways: *host* (the loop's wall time before synchronising, per
+call: what the CPU spends submitting work) and *wall* (synchronised after every call). Parts: the whole
+patched block as it runs by default (replayed from its own CUDA graph up to ``CUDA_GRAPH_MAX_TOKENS``) and
+with those graphs off, its router, the runner's call, the runner's input checks (``validate_forward``), the
+backend's ``apply``, and transformers' own block with ``grouped_mm`` for comparison.
 
-    python tools/layer_overhead.py --json overhead.json
+``--cprofile N``: the N functions with the most own time over ``--repeat`` eager calls of the patched block
+(graphs off), per call. ``--kernels``: the GPU kernels of one eager call of the patched block and of
+transformers' block (``torch.profiler``): name, count and GPU µs — how many launches the host pays for.
+
+    python tools/layer_overhead.py --family gpt-oss-120b --tokens 1,2048 --cprofile 25 --kernels --json o.json
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -23,30 +29,80 @@ import torch
 from transformers_bench import FAMILIES  # this folder: the model shapes, written once
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _time(fn, repeat: int) -> dict:
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     for _ in range(repeat):
         fn()
     host = (time.perf_counter() - start) / repeat * 1e6
-    torch.cuda.synchronize()
+    _sync()
     walls = []
     for _ in range(repeat):
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync()
         walls.append((time.perf_counter() - t) * 1e6)
     return {"host_us": round(host, 1), "wall_us": round(statistics.median(walls), 1)}
 
 
+def _cprofile(fn, repeat: int, top: int) -> list[dict]:
+    """The ``top`` functions by own time over ``repeat`` calls of ``fn``, in µs per call of ``fn``."""
+    for _ in range(5):
+        fn()
+    _sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(repeat):
+        fn()
+    prof.disable()
+    _sync()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
+        where = f"{path.rsplit('site-packages/', 1)[-1]}:{line}({name})"
+        rows.append({"function": where, "calls_per_call": round(ncalls / repeat, 2),
+                     "own_us": round(tottime / repeat * 1e6, 2), "cum_us": round(cumtime / repeat * 1e6, 2)})  # fmt: skip
+    rows.sort(key=lambda r: -r["own_us"])
+    return rows[:top]
+
+
+def _kernels(fn) -> list[dict]:
+    """GPU kernels of one call of ``fn`` (after warm-up): name, launches, total GPU µs; largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync()
+    rows = [
+        {"kernel": e.key[:120], "count": e.count, "gpu_us": round(e.device_time_total, 1)}
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    ]
+    return sorted(rows, key=lambda r: -r["gpu_us"])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=sorted(FAMILIES), default="qwen3-30b-a3b")
+    p.add_argument("--tokens", default="1", help="comma-separated token counts M (default 1)")
     p.add_argument("--backend", default="triton")
     p.add_argument("--repeat", type=int, default=200)
+    p.add_argument("--cprofile", type=int, default=0, metavar="N", help="also the N functions with most own time")
+    p.add_argument("--kernels", action="store_true", help="also the GPU kernels of one eager call")
+    p.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run with --backend torch")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    tokens = [int(t) for t in args.tokens.split(",")]
 
     import transformers
 
@@ -54,38 +110,55 @@ def main(argv=None) -> int:
     from moe_core.validation import validate_forward
 
     torch.manual_seed(0)
-    cfg = FAMILIES["qwen3-30b-a3b"](transformers, 1)  # the shapes transformers_bench measures
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+    cfg = FAMILIES[args.family](transformers, 1)  # the shapes transformers_bench measures
+    with torch.device(args.device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     model.set_experts_implementation("grouped_mm")
     hf_block = model.model.layers[0].mlp
-    x = torch.randn(1, 1, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    rows = {}
+    xs = {m: torch.randn(1, m, cfg.hidden_size, device=args.device, dtype=torch.bfloat16) for m in tokens}
+    per_m = {}
     with torch.no_grad():
-        rows["hf_grouped_mm_block"] = _time(lambda: hf_block(x), args.repeat)
+        hf = {m: _time(lambda: hf_block(xs[m]), args.repeat) for m in tokens}
+        hf_kernels = {m: _kernels(lambda: hf_block(xs[m])) for m in tokens} if args.kernels else {}
         patch_model(model, backend=args.backend)
-        layer = model.model.layers[0].mlp
-        x2 = x.reshape(1, -1)
-        ids, weights = layer.router(x2)
+        block = layer = model.model.layers[0].mlp  # a PatchedMoeBlock: a MoeLayer returning what the block did
         runner = layer.runner
-        out = torch.empty_like(x2)
-        rows["patched_block"] = _time(lambda: layer(x), args.repeat)  # replayed from the layer's CUDA graph
-        max_tokens, layer.graphs.max_tokens = layer.graphs.max_tokens, 0
-        rows["patched_block_eager"] = _time(lambda: layer(x), args.repeat)  # every part below, in a row
-        layer.graphs.max_tokens = max_tokens
-        rows["router"] = _time(lambda: layer.router(x2), args.repeat)
-        rows["runner_call"] = _time(lambda: runner(x2, ids, weights), args.repeat)
-        rows["validate_forward"] = _time(
-            lambda: validate_forward(runner.config, runner.device, x2, ids, weights, None), args.repeat
-        )
-        rows["apply"] = _time(lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat)
+        for m in tokens:
+            x = xs[m]
+            x2 = x.reshape(m, -1)
+            ids, weights = layer.router(x2)
+            out = torch.empty_like(x2)
+            rows = {"hf_grouped_mm_block": hf[m], "patched_block": _time(lambda: block(x), args.repeat)}
+            max_tokens, layer.graphs.max_tokens = layer.graphs.max_tokens, 0  # every part below, eager
+            try:
+                rows["patched_block_eager"] = _time(lambda: block(x), args.repeat)
+                rows["router"] = _time(lambda: layer.router(x2), args.repeat)
+                rows["runner_call"] = _time(lambda: runner(x2, ids, weights), args.repeat)
+                rows["validate_forward"] = _time(
+                    lambda: validate_forward(runner.config, runner.device, x2, ids, weights, None), args.repeat
+                )
+                rows["apply"] = _time(
+                    lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat
+                )
+                entry = {"parts": rows}
+                if args.cprofile:
+                    entry["cprofile_block_eager"] = _cprofile(lambda: block(x), args.repeat, args.cprofile)
+                if args.kernels:
+                    entry["kernels_block_eager"] = _kernels(lambda: block(x))
+                    entry["kernels_hf_grouped_mm"] = hf_kernels[m]
+            finally:
+                layer.graphs.max_tokens = max_tokens
+            per_m[str(m)] = entry
+            print(f"M={m}: " + ", ".join(f"{k} {v['host_us']}/{v['wall_us']}" for k, v in rows.items()), flush=True)
     result = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "family": args.family,
         "backend": layer.backend,
         "command": " ".join(sys.argv),
-        "M": 1,
-        "parts": rows,
+        "units": "µs per call: host (submit only) / wall (synchronised)",
+        "tokens": per_m,
     }
     print(json.dumps(result, indent=1))
     if args.json:

@@ -24,8 +24,8 @@ ab-flags       the decode sizes under each switch (PDL, fp8 in-loop quantization
                comma-separated subset) -> ab-flags.json
 profile        per-kernel GPU time next to the CUDA-graph time (tools/profile_launches.py; PROFILE_TOKENS,
                default 1,8): bf16 four presets, fp8_block deepseek-v3-tp8, mxfp4 gpt-oss-120b -> profile-*.json
-ncu            Nsight Compute counters of GEMM1/GEMM2 (NCU_RUNS "preset:scheme ...", NCU_TOKENS default 1)
-               -> ncu-PRESET-SCHEME.txt
+ncu            Nsight Compute counters of GEMM1/GEMM2 (NCU_RUNS "preset:scheme[:M] ...", M default NCU_TOKENS,
+               default 1) -> ncu-PRESET-SCHEME-M.txt
 tune SCHEME PRESET...  `moe tune triton` (TUNE_TOKENS default 1,8,64,512,4096, each M saved when done;
                TUNE_TIMEOUT seconds, default the step's limit less 20, or 300) with MOE_TRITON_TABLE_DIR=
                $OUT/triton-table (later steps of the same gpu_check.sh call read it too) -> triton-table/
@@ -97,13 +97,15 @@ while [ $# -gt 0 ]; do
       NCU=$(command -v ncu || find /opt/nvidia/nsight-compute -maxdepth 2 -name ncu -type f 2>/dev/null | head -1)
       [ -n "$NCU" ] || { fail "ncu: Nsight Compute not found"; shift; continue; }
       for run in ${NCU_RUNS:-gpt-oss-120b:mxfp4 gpt-oss-120b:bf16 deepseek-v3-tp8:fp8_block}; do
-        preset=${run%%:*}; scheme=${run##*:}
+        IFS=: read -r preset scheme tokens <<< "$run"
+        tokens=${tokens:-${NCU_TOKENS:-1}}
+        report="$OUT/ncu-$preset-$scheme-$tokens.txt"
         timeout 150 "$NCU" --clock-control none -k regex:_gemm --launch-skip 2 --launch-count 2 \
           --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-          --section LaunchStats python3 plugins/triton-moe/tools/ncu_forward.py --preset "$preset" \
-          --scheme "$scheme" --tokens "${NCU_TOKENS:-1}" > "$OUT/ncu-$preset-$scheme.txt" 2>&1 \
-          || fail "ncu $preset $scheme (exit $?)"
-        grep -E "^  _gemm|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per|Achieved Occupancy|Grid Size|Warp Cycles Per Issued" "$OUT/ncu-$preset-$scheme.txt" | head -40
+          --section LaunchStats --section MemoryWorkloadAnalysis python3 plugins/triton-moe/tools/ncu_forward.py \
+          --preset "$preset" --scheme "$scheme" --tokens "$tokens" > "$report" 2>&1 \
+          || fail "ncu $preset $scheme M=$tokens (exit $?)"
+        grep -E "^  _gemm|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per|Achieved Occupancy|Grid Size|Warp Cycles Per Issued" "$report" | head -40
       done
       shift ;;
     bench-torch)
