@@ -68,7 +68,8 @@ def _cprofile(fn, repeat: int, top: int) -> list[dict]:
     for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
         where = f"{path.rsplit('site-packages/', 1)[-1]}:{line}({name})"
         rows.append({"function": where, "calls_per_call": round(ncalls / repeat, 2),
-                     "own_us": round(tottime / repeat * 1e6, 2), "cum_us": round(cumtime / repeat * 1e6, 2)})  # fmt: skip
+                     "own_us": round(tottime / repeat * 1e6, 2),
+                     "cum_us": round(cumtime / repeat * 1e6, 2)})  # fmt: skip
     rows.sort(key=lambda r: -r["own_us"])
     return rows[:top]
 
@@ -91,6 +92,43 @@ def _kernels(fn) -> list[dict]:
     return sorted(rows, key=lambda r: -r["gpu_us"])
 
 
+def _hf_parts(hf_block, x, args) -> dict:
+    """transformers' own block on ``x``: its time, and its kernels with ``--kernels``."""
+    out = {"time": _time(lambda: hf_block(x), args.repeat)}
+    if args.kernels:
+        out["kernels_hf_grouped_mm"] = _kernels(lambda: hf_block(x))
+    return out
+
+
+def _patched_parts(layer, x, args) -> dict:
+    """The patched block on ``x`` as it runs by default, then eager (its graphs off) with each part alone."""
+    from moe_core.validation import validate_forward
+
+    m = x.shape[1]
+    x2 = x.reshape(m, -1)
+    ids, weights = layer.router(x2)
+    runner = layer.runner
+    out = torch.empty_like(x2)
+    rows = {"patched_block": _time(lambda: layer(x), args.repeat)}
+    entry = {"parts": rows}
+    max_tokens, layer.graphs.max_tokens = layer.graphs.max_tokens, 0
+    try:
+        rows["patched_block_eager"] = _time(lambda: layer(x), args.repeat)
+        rows["router"] = _time(lambda: layer.router(x2), args.repeat)
+        rows["runner_call"] = _time(lambda: runner(x2, ids, weights), args.repeat)
+        rows["validate_forward"] = _time(
+            lambda: validate_forward(runner.config, runner.device, x2, ids, weights, None), args.repeat
+        )
+        rows["apply"] = _time(lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat)
+        if args.cprofile:
+            entry["cprofile_block_eager"] = _cprofile(lambda: layer(x), args.repeat, args.cprofile)
+        if args.kernels:
+            entry["kernels_block_eager"] = _kernels(lambda: layer(x))
+    finally:
+        layer.graphs.max_tokens = max_tokens
+    return entry
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=sorted(FAMILIES), default="qwen3-30b-a3b")
@@ -107,7 +145,6 @@ def main(argv=None) -> int:
     import transformers
 
     from moe_core.integrations.transformers import patch_model
-    from moe_core.validation import validate_forward
 
     torch.manual_seed(0)
     cfg = FAMILIES[args.family](transformers, 1)  # the shapes transformers_bench measures
@@ -118,44 +155,21 @@ def main(argv=None) -> int:
     xs = {m: torch.randn(1, m, cfg.hidden_size, device=args.device, dtype=torch.bfloat16) for m in tokens}
     per_m = {}
     with torch.no_grad():
-        hf = {m: _time(lambda: hf_block(xs[m]), args.repeat) for m in tokens}
-        hf_kernels = {m: _kernels(lambda: hf_block(xs[m])) for m in tokens} if args.kernels else {}
+        hf = {m: _hf_parts(hf_block, xs[m], args) for m in tokens}
         patch_model(model, backend=args.backend)
-        block = layer = model.model.layers[0].mlp  # a PatchedMoeBlock: a MoeLayer returning what the block did
-        runner = layer.runner
+        layer = model.model.layers[0].mlp  # a PatchedMoeBlock: a MoeLayer returning what the block did
         for m in tokens:
-            x = xs[m]
-            x2 = x.reshape(m, -1)
-            ids, weights = layer.router(x2)
-            out = torch.empty_like(x2)
-            rows = {"hf_grouped_mm_block": hf[m], "patched_block": _time(lambda: block(x), args.repeat)}
-            max_tokens, layer.graphs.max_tokens = layer.graphs.max_tokens, 0  # every part below, eager
-            try:
-                rows["patched_block_eager"] = _time(lambda: block(x), args.repeat)
-                rows["router"] = _time(lambda: layer.router(x2), args.repeat)
-                rows["runner_call"] = _time(lambda: runner(x2, ids, weights), args.repeat)
-                rows["validate_forward"] = _time(
-                    lambda: validate_forward(runner.config, runner.device, x2, ids, weights, None), args.repeat
-                )
-                rows["apply"] = _time(
-                    lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat
-                )
-                entry = {"parts": rows}
-                if args.cprofile:
-                    entry["cprofile_block_eager"] = _cprofile(lambda: block(x), args.repeat, args.cprofile)
-                if args.kernels:
-                    entry["kernels_block_eager"] = _kernels(lambda: block(x))
-                    entry["kernels_hf_grouped_mm"] = hf_kernels[m]
-            finally:
-                layer.graphs.max_tokens = max_tokens
-            per_m[str(m)] = entry
-            print(f"M={m}: " + ", ".join(f"{k} {v['host_us']}/{v['wall_us']}" for k, v in rows.items()), flush=True)
+            per_m[str(m)] = entry = _patched_parts(layer, xs[m], args)
+            entry["parts"] = {"hf_grouped_mm_block": hf[m].pop("time"), **entry["parts"]}
+            entry.update(hf[m])
+            print(f"M={m}: " + ", ".join(f"{k} {v['host_us']}/{v['wall_us']}" for k, v in entry["parts"].items()),
+                  flush=True)  # fmt: skip
     result = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "family": args.family,
-        "backend": layer.backend,
+        "backend": layer.backend if tokens else None,
         "command": " ".join(sys.argv),
         "units": "µs per call: host (submit only) / wall (synchronised)",
         "tokens": per_m,
