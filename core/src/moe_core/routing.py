@@ -30,13 +30,14 @@ from moe_core.errors import InvalidInputError
 
 
 def _check(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``logits`` checked, as they are (the callers cast where the arithmetic needs float32)."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise InvalidInputError("router logits must be a [M, E] tensor")
     if not logits.dtype.is_floating_point:
         raise InvalidInputError(f"router logits must be floating point, got {logits.dtype}")
     if not 1 <= top_k <= logits.shape[1]:
         raise InvalidInputError(f"top_k={top_k} must be in [1, E={logits.shape[1]}]")
-    return logits.float()
+    return logits
 
 
 def _out(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,18 +45,23 @@ def _out(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = True):
-    """Softmax over experts, then the k largest probabilities."""
-    probs = torch.softmax(_check(logits, top_k), dim=-1)
-    weights, ids = probs.topk(top_k, dim=-1)
+    """Softmax over experts, then the k largest probabilities (renormalised to sum 1 when ``renormalize``).
+
+    Renormalised, that is the softmax of the k largest logits (``topk_softmax``): the same choice (softmax
+    is monotone) and the same weights, in three kernels instead of six — at decode each kernel of the
+    router costs as much host time as the arithmetic of the whole router."""
     if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return topk_softmax(logits, top_k)
+    probs = torch.softmax(_check(logits, top_k), dim=-1, dtype=torch.float32)
+    weights, ids = probs.topk(top_k, dim=-1)
     return _out(ids, weights)
 
 
 def topk_softmax(logits: torch.Tensor, top_k: int):
-    """Top-k of the logits, then softmax over the k selected (Mixtral)."""
+    """Top-k of the logits, then softmax over the k selected, in float32 (Mixtral). The top-k runs on the
+    logits as given: casting to float32 is exact, so it keeps their order and the k chosen."""
     values, ids = _check(logits, top_k).topk(top_k, dim=-1)
-    return _out(ids, torch.softmax(values, dim=-1))
+    return _out(ids, torch.softmax(values, dim=-1, dtype=torch.float32))
 
 
 def grouped_topk(
@@ -82,7 +88,7 @@ def grouped_topk(
     ``sum(w) + 1e-20``) iff ``renormalize``, times ``routed_scaling_factor``. DeepSeek-V2's ``greedy``
     is ``n_group=1``, softmax, no renormalisation.
     """
-    x = _check(logits, top_k)
+    x = _check(logits, top_k).float()
     m, e = x.shape
     if scoring == "sigmoid":
         scores = x.sigmoid()
@@ -127,7 +133,7 @@ def sigmoid_top1(logits: torch.Tensor):
     sigmoid (0 for the others); with ``top_k=1`` (every Llama 4) that is this.
     """
     values, ids = _check(logits, 1).topk(1, dim=-1)
-    return _out(ids, values.sigmoid())
+    return _out(ids, values.float().sigmoid())
 
 
 def sparsemixer(logits: torch.Tensor, jitter_eps: float):
@@ -138,7 +144,7 @@ def sparsemixer(logits: torch.Tensor, jitter_eps: float):
     ``softmax(masked l)[i1]``. The second expert is the argmax ``i2`` of ``l`` with ``i1`` removed; the
     same mask relative to ``l[i2]`` (``i1`` stays removed) gives ``softmax(...)[i2]``. Always two experts.
     """
-    x = _check(logits, 2)
+    x = _check(logits, 2).float()
     ids, weights = [], []
     masked = x
     for _ in range(2):

@@ -27,9 +27,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 import triton.language as tl
 
+from moe_triton.fast_launch import launch
 from moe_triton.kernel_configs import (
     GemmConfig,
     KernelConfig,
@@ -42,6 +42,7 @@ from moe_triton.kernel_configs import (
 from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
 from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights, SlotSum, SplitK
+from moe_triton.sizes import cdiv, next_power_of_2
 from moe_triton.switches import Switches, current_switches
 
 SCHEME_IDS = {
@@ -103,7 +104,7 @@ def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, i
     one buffer, returned last (None if it would be empty), followed by ``extra`` more counters (GEMM2's
     ``SlotSum``); it must be zero before the GEMMs run: ``align(zero=...)`` clears it without an extra
     launch (direct routing: ``launch_gemm1(zero=...)``)."""
-    tiles = [n_blocks * triton.cdiv(n, block_n) if split > 1 else 0 for split, _, n, block_n in gemms]
+    tiles = [n_blocks * cdiv(n, block_n) if split > 1 else 0 for split, _, n, block_n in gemms]
     total = sum(tiles) + extra
     counters = torch.empty(total, dtype=torch.int32, device=device) if total else None
     out, start = [], 0
@@ -130,11 +131,12 @@ def quantize_fp8_groups(x: torch.Tensor, pdl: dict | None = None) -> tuple[torch
     switch)."""
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(m, triton.cdiv(k, 128), dtype=torch.float32, device=x.device)
-    rows = min(16, triton.next_power_of_2(m))
-    gemm._quant_fp8_groups[(triton.cdiv(m, rows), triton.cdiv(k, 128))](
+    s = torch.empty(m, cdiv(k, 128), dtype=torch.float32, device=x.device)
+    rows = min(16, next_power_of_2(m))
+    launch(
+        gemm._quant_fp8_groups, (cdiv(m, rows), cdiv(k, 128)),
         x, q, s, m, k, x.stride(0), x.stride(1), q.stride(0), s.stride(0), ROWS=rows, num_warps=4, **(pdl or {})
-    )
+    )  # fmt: skip
     return q, s
 
 
@@ -175,7 +177,8 @@ def launch_gemm1(
                          f"float round_to dtype, not {g} and {round_to}")  # fmt: skip
     if zero is not None and not r.direct:
         raise ValueError("launch_gemm1(zero=...) is for direct routing; align(zero=...) clears buffers otherwise")
-    gemm._gemm1[(num_m * triton.cdiv(inter, g.block_n) * split_k,)](
+    launch(
+        gemm._gemm1, (num_m * cdiv(inter, g.block_n) * split_k,),
         x, x_scale if a_fp8 else x, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else x, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, out,
@@ -221,7 +224,8 @@ def launch_gemm2(
     if slot_sum is not None and (not r.direct or by_token):
         raise ValueError("GEMM2 sums the slots itself only with direct routing and k > 1")
     a_fp8 = a_scale is not None
-    gemm._gemm2[(num_m * triton.cdiv(h, g.block_n) * split_k,)](
+    launch(
+        gemm._gemm2, (num_m * cdiv(h, g.block_n) * split_k,),
         a, a_scale if a_fp8 else a, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else y, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, y,
@@ -306,7 +310,7 @@ def run_fused_moe(
     a, a_scale = quantize_fp8_groups(x, pdl) if prequant else (x, None)
     if prequant and fp8_intermediate(scheme, cfg.gemm1):  # GEMM1 quantizes GEMM2's input in its epilogue
         intermediate = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=x.device)
-        inter_scale = torch.empty(rows, triton.cdiv(inter, 128), dtype=torch.float32, device=x.device)
+        inter_scale = torch.empty(rows, cdiv(inter, 128), dtype=torch.float32, device=x.device)
     else:
         intermediate, inter_scale = torch.empty(rows, inter, dtype=x.dtype, device=x.device), None
     launch_gemm1(a, w13, routing, activation, intermediate, cfg.gemm1, x_scale=a_scale, out_scale=inter_scale,
@@ -315,9 +319,9 @@ def run_fused_moe(
     launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, a_scale=inter_scale, by_token=by_token, split=scratch2,
                  pdl=pdl, switches=sw)  # fmt: skip
     if not by_token:
-        block = min(1024, triton.next_power_of_2(h))
-        gemm._sum_slots[(m, triton.cdiv(h, block))](y, out, ids, h, y.stride(0), out.stride(0), num_experts,
-                                                    TOP_K=top_k, BLOCK_N=block, **pdl)  # fmt: skip
+        block = min(1024, next_power_of_2(h))
+        launch(gemm._sum_slots, (m, cdiv(h, block)), y, out, ids, h, y.stride(0), out.stride(0), num_experts,
+               TOP_K=top_k, BLOCK_N=block, **pdl)  # fmt: skip
 
 
 def direct_routing(ids: torch.Tensor, topk_weights: torch.Tensor, top_k: int, block_m: int, router_on_input: bool):
@@ -336,7 +340,7 @@ def _run_direct(x, ids, weights, w13, w2, activation, out, cfg, split, router_on
     inter = w13.weight.shape[1] // 2
     pairs = ids.numel()
     by_token = top_k == 1
-    slot_tiles = 0 if by_token else m * triton.cdiv(h, cfg.gemm2.block_n)
+    slot_tiles = 0 if by_token else m * cdiv(h, cfg.gemm2.block_n)
     scratch1, scratch2, counters = split_scratch(
         pairs, 1, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n), (cfg.split_k2, h, h, cfg.gemm2.block_n),
         extra=slot_tiles,

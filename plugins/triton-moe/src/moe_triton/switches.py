@@ -66,6 +66,12 @@ class Switches:
         "at decode (kernel_configs.direct_decode) skip the alignment: one GEMM row block per (token, slot) "
         "pair, GEMM2 summing the slots itself, two launches in all; the same result",
     )
+    fast_launch: bool = _switch(
+        True,
+        "MOE_TRITON_FAST_LAUNCH",
+        "relaunch each compiled kernel through its launcher, keyed by Triton's own specialization of the "
+        "arguments, instead of JITFunction.run's per-call binding (moe_triton.fast_launch); the same kernels",
+    )
     auto_split_k: bool = _switch(
         False,
         "MOE_TRITON_AUTO_SPLIT_K",

@@ -43,7 +43,9 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_triton.fast_launch import launch
 from moe_triton.kernels.operands import _pdl_start
+from moe_triton.sizes import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -213,12 +215,12 @@ def _chunk_for(count: int, chunk: int) -> int:
     Steps wider than the work are padding, and at decode (a few pairs and blocks) padding would be most of
     the work.
     """
-    return min(chunk, max(16, triton.next_power_of_2(count)))
+    return min(chunk, max(16, next_power_of_2(count)))
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Static upper bound of the BLOCK_M blocks in use (see the module docstring)."""
-    return min(num_experts + 1, num_pairs) + triton.cdiv(num_pairs, block_m)
+    return min(num_experts + 1, num_pairs) + cdiv(num_pairs, block_m)
 
 
 def flat_ids(topk_ids: torch.Tensor) -> torch.Tensor:
@@ -248,32 +250,34 @@ def align(
     sorted_ids = torch.empty(max_rows, dtype=torch.int32, device=device)
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
     offsets = torch.empty(num_experts + 2, dtype=torch.int32, device=device)
-    e_pow2 = triton.next_power_of_2(num_experts + 2)
+    e_pow2 = next_power_of_2(num_experts + 2)
     if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
         raise ValueError(f"align zeroes a contiguous int32 buffer, got {zero.dtype}")
     num_zero = zero.numel() if zero is not None else 0
     pdl = pdl or {}
     if num_pairs <= SINGLE_PROGRAM_PAIRS:
         cursor = torch.empty(e_pow2, dtype=torch.int32, device=device)  # the counts first: one per bin
-        _plan_and_scatter[(1,)](
+        launch(
+            _plan_and_scatter, (1,),
             ids, offsets, cursor, block_expert, sorted_ids, zero if zero is not None else cursor, num_pairs, max_rows,
             n_blocks, num_zero, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, WIDTH=FILL_WIDTH,
             PAIR_CHUNK=_chunk_for(num_pairs, 256), BLOCK_CHUNK=_chunk_for(n_blocks, 1024), num_warps=4, **pdl,
         )  # fmt: skip
         return sorted_ids, block_expert, offsets
-    programs = triton.cdiv(num_pairs, COUNT_PAIRS)
+    programs = cdiv(num_pairs, COUNT_PAIRS)
     partial = torch.empty(programs, e_pow2, dtype=torch.int32, device=device)
     cursor = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
-    _count[(programs,)](
+    launch(
+        _count, (programs,),
         ids, partial, sorted_ids, zero if zero is not None else cursor, num_pairs, max_rows, num_zero,
-        triton.cdiv(max_rows, programs), triton.cdiv(num_zero, programs), E=num_experts, E_POW2=e_pow2,
+        cdiv(max_rows, programs), cdiv(num_zero, programs), E=num_experts, E_POW2=e_pow2,
         PAIRS=COUNT_PAIRS, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
     )  # fmt: skip
-    _plan[(1,)](partial, offsets, cursor, programs, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m,
-                ROWS=max(1, min(16, 8192 // e_pow2)), num_warps=4, **pdl)  # fmt: skip
-    scatters = triton.cdiv(num_pairs, 256)
-    blocks_per = triton.cdiv(n_blocks, scatters)
-    _scatter[(scatters,)](ids, offsets, cursor, sorted_ids, block_expert, num_pairs, n_blocks, blocks_per,
-                          E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=256,
-                          BLOCK_CHUNK=_chunk_for(blocks_per, 256), num_warps=4, **pdl)  # fmt: skip
+    launch(_plan, (1,), partial, offsets, cursor, programs, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m,
+           ROWS=max(1, min(16, 8192 // e_pow2)), num_warps=4, **pdl)  # fmt: skip
+    scatters = cdiv(num_pairs, 256)
+    blocks_per = cdiv(n_blocks, scatters)
+    launch(_scatter, (scatters,), ids, offsets, cursor, sorted_ids, block_expert, num_pairs, n_blocks, blocks_per,
+           E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=256, BLOCK_CHUNK=_chunk_for(blocks_per, 256),
+           num_warps=4, **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets
