@@ -8,6 +8,11 @@ patched block as it runs by default (replayed from its own CUDA graph up to ``CU
 with those graphs off, its router, the runner's call, the runner's input checks (``validate_forward``), the
 backend's ``apply``, and transformers' own block with ``grouped_mm`` for comparison.
 
+With the triton backend the eager block and ``apply`` are timed again with every kernel launched through
+Triton's ``JITFunction.run`` (the ``fast_launch`` switch off); ``route`` is the router's routing function
+alone on its logits, ``route_softmax_topk_renormalise`` transformers' six-kernel form of a renormalised
+softmax top-k on the same logits.
+
 ``--cprofile N``: the N functions with the most own time over ``--repeat`` eager calls of the patched block
 (graphs off), per call. ``--kernels``: the GPU kernels of one eager call of the patched block and of
 transformers' block (``torch.profiler``): name, count and GPU µs — how many launches the host pays for.
@@ -92,6 +97,14 @@ def _kernels(fn) -> list[dict]:
     return sorted(rows, key=lambda r: -r["gpu_us"])
 
 
+def _six_kernel_route(logits: torch.Tensor, top_k: int):
+    """A renormalised softmax top-k as transformers writes it (cast, softmax, top-k, sum, divide, cast): the
+    yardstick of ``moe_core.routing.softmax_topk``'s three kernels."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    return ids.to(torch.int32), weights / weights.sum(dim=-1, keepdim=True)
+
+
 def _hf_parts(hf_block, x, args) -> dict:
     """transformers' own block on ``x``: its time, and its kernels with ``--kernels``."""
     out = {"time": _time(lambda: hf_block(x), args.repeat)}
@@ -120,6 +133,17 @@ def _patched_parts(layer, x, args) -> dict:
             lambda: validate_forward(runner.config, runner.device, x2, ids, weights, None), args.repeat
         )
         rows["apply"] = _time(lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat)
+        if layer.backend == "triton":  # the same, each kernel launched through Triton's JITFunction.run
+            from moe_triton import switches
+
+            with switches.override(fast_launch=False):
+                rows["patched_block_eager_plain_launch"] = _time(lambda: layer(x), args.repeat)
+                rows["apply_plain_launch"] = _time(
+                    lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat
+                )
+        logits = layer.router.logits(x2)
+        rows["route"] = _time(lambda: layer.router.route(logits), args.repeat)
+        rows["route_softmax_topk_renormalise"] = _time(lambda: _six_kernel_route(logits, ids.shape[1]), args.repeat)
         if args.cprofile:
             entry["cprofile_block_eager"] = _cprofile(lambda: layer(x), args.repeat, args.cprofile)
         if args.kernels:
