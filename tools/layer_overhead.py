@@ -8,10 +8,10 @@ patched block as it runs by default (replayed from its own CUDA graph up to ``CU
 with those graphs off, its router, the runner's call, the runner's input checks (``validate_forward``), the
 backend's ``apply``, and transformers' own block with ``grouped_mm`` for comparison.
 
-With the triton backend the eager block and ``apply`` are timed again with every kernel launched through
-Triton's ``JITFunction.run`` (the ``fast_launch`` switch off); ``route`` is the router's routing function
-alone on its logits, ``route_softmax_topk_renormalise`` transformers' six-kernel form of a renormalised
-softmax top-k on the same logits.
+With the triton backend the eager block and ``apply`` are timed in alternating rounds with fast launches
+and with every kernel launched through Triton's ``JITFunction.run`` (the ``fast_launch`` switch off);
+``route`` is the router's routing function alone on its logits, ``route_softmax_topk_renormalise``
+transformers' six-kernel form of a renormalised softmax top-k on the same logits.
 
 ``--cprofile N``: the N functions with the most own time over ``--repeat`` eager calls of the patched block
 (graphs off), per call. ``--kernels``: the GPU kernels of one eager call of the patched block and of
@@ -39,8 +39,8 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn, repeat: int) -> dict:
-    for _ in range(10):
+def _time(fn, repeat: int, warmup: int = 10) -> dict:
+    for _ in range(warmup):
         fn()
     _sync()
     start = time.perf_counter()
@@ -55,6 +55,19 @@ def _time(fn, repeat: int) -> dict:
         _sync()
         walls.append((time.perf_counter() - t) * 1e6)
     return {"host_us": round(host, 1), "wall_us": round(statistics.median(walls), 1)}
+
+
+def _alternating(fast, plain, repeat: int, rounds: int = 20) -> dict:
+    """Host and wall µs per call of two variants timed in alternating rounds (median over rounds), so that
+    the host's drift between measurements falls on both alike."""
+    out = {"fast": {"host_us": [], "wall_us": []}, "plain": {"host_us": [], "wall_us": []}}
+    n = max(1, repeat // 4)
+    for _ in range(rounds):
+        for name, fn in (("fast", fast), ("plain", plain)):
+            t = _time(fn, n, warmup=2)
+            out[name]["host_us"].append(t["host_us"])
+            out[name]["wall_us"].append(t["wall_us"])
+    return {name: {k: round(statistics.median(v), 1) for k, v in d.items()} for name, d in out.items()}
 
 
 def _cprofile(fn, repeat: int, top: int) -> list[dict]:
@@ -133,14 +146,21 @@ def _patched_parts(layer, x, args) -> dict:
             lambda: validate_forward(runner.config, runner.device, x2, ids, weights, None), args.repeat
         )
         rows["apply"] = _time(lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat)
-        if layer.backend == "triton":  # the same, each kernel launched through Triton's JITFunction.run
+        if layer.backend == "triton":  # fast launches against Triton's JITFunction.run, in alternating rounds
             from moe_triton import switches
 
-            with switches.override(fast_launch=False):
-                rows["patched_block_eager_plain_launch"] = _time(lambda: layer(x), args.repeat)
-                rows["apply_plain_launch"] = _time(
-                    lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out), args.repeat
-                )
+            def plain(fn):
+                def run():
+                    with switches.override(fast_launch=False):
+                        fn()
+
+                return run
+
+            block, apply = (lambda: layer(x)), (lambda: runner.fused_op.apply(x2, ids, weights, runner.prepared, out))
+            entry["fast_vs_plain_launch"] = {
+                "block_eager": _alternating(block, plain(block), args.repeat),
+                "apply": _alternating(apply, plain(apply), args.repeat),
+            }
         logits = layer.router.logits(x2)
         rows["route"] = _time(lambda: layer.router.route(logits), args.repeat)
         rows["route_softmax_topk_renormalise"] = _time(lambda: _six_kernel_route(logits, ids.shape[1]), args.repeat)
@@ -187,7 +207,7 @@ def main(argv=None) -> int:
             entry["parts"] = {"hf_grouped_mm_block": hf[m].pop("time"), **entry["parts"]}
             entry.update(hf[m])
             print(f"M={m}: " + ", ".join(f"{k} {v['host_us']}/{v['wall_us']}" for k, v in entry["parts"].items()),
-                  flush=True)  # fmt: skip
+                  entry.get("fast_vs_plain_launch", ""), flush=True)  # fmt: skip
     result = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "torch": torch.__version__,
