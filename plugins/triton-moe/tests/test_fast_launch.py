@@ -132,6 +132,28 @@ def test_a_failing_fast_path_warns_once_and_stays_off(fake, monkeypatch):
     assert fake.log[-1][0] == "plain"
 
 
+def test_an_error_of_a_first_launch_raises_and_leaves_the_fast_path_on(fake, monkeypatch):
+    """A launch Triton itself refuses (here: the stand-in raising for a bad argument) is the caller's error,
+    not a reason to stop relaunching the kernels that work."""
+    launcher = fast_launch.FastLaunch(fake)
+    launcher((1,), (16, 32, 5), {"BLOCK": 64})
+    working = _Fn.__getitem__
+
+    def refuse(self, grid):
+        def run(*args, **kwargs):
+            raise ValueError("bad argument")
+
+        return run
+
+    monkeypatch.setattr(_Fn, "__getitem__", refuse)
+    with pytest.raises(ValueError, match="bad argument"):
+        launcher((1,), (16, 32, 6), {"BLOCK": 64})
+    monkeypatch.setattr(_Fn, "__getitem__", working)
+    assert fast_launch.broken is None
+    launcher((1,), (16, 32, 5), {"BLOCK": 64})
+    assert fake.log[-1][0] == "run"
+
+
 def test_not_usable_for_annotated_runtime_args_or_constexprs_first():
     fn = _Fn()
     fn.params[0].annotation = "i32"

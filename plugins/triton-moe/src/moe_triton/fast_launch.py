@@ -77,16 +77,19 @@ class FastLaunch:
         try:
             device = driver.active.get_current_device()
             backend = self.fn.device_caches[device][3]
-            specs = tuple([native_specialize_impl(backend, a, c, s, al)
-                           for a, (c, s, al) in zip(args, self._flags, strict=True)])  # fmt: skip
+            specs = tuple([native_specialize_impl(backend, a, c, s, al) for a, (c, s, al) in zip(args, self._flags)])
             key = (device, tuple(kwargs.items()), specs)
             kernel = self._kernels.get(key)
-            if kernel is None:
-                kernel = self.fn[grid](*args, **kwargs)
-                if hasattr(kernel, "result"):  # compiled asynchronously
-                    kernel = kernel.result()
-                self._kernels[key] = kernel
-                return kernel
+        except Exception as exc:  # Triton is not what this module read: the plain launch from now on
+            _give_up(f"{type(exc).__name__}: {exc}")
+            return self.fn[grid](*args, **kwargs)
+        if kernel is None:  # first launch of this key: Triton's own path (a bad argument raises from there)
+            kernel = self.fn[grid](*args, **kwargs)
+            if hasattr(kernel, "result"):  # compiled asynchronously
+                kernel = kernel.result()
+            self._kernels[key] = kernel
+            return kernel
+        try:
             tail = [kwargs.get(name, default) for name, default in self._constexprs]
             grid_1 = grid[1] if len(grid) > 1 else 1
             grid_2 = grid[2] if len(grid) > 2 else 1

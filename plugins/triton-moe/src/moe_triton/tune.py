@@ -42,6 +42,7 @@ from moe_triton.kernel_configs import (
     table_key,
 )
 from moe_triton.launch_args import Activation, AlignedRouting
+from moe_triton.sizes import cdiv
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
@@ -152,7 +153,7 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
             a = torch.zeros(n_blocks * block_m, i, dtype=config.dtype, device=device)
             # fp8_block: GEMM1 tiles of whole scale groups quantize GEMM2's input (launch.fp8_intermediate)
             a8 = torch.zeros(n_blocks * block_m, i, dtype=torch.float8_e4m3fn, device=device) if fp8 else None
-            a8_scale = torch.ones(n_blocks * block_m, triton.cdiv(i, 128), device=device) if fp8 else None
+            a8_scale = torch.ones(n_blocks * block_m, cdiv(i, 128), device=device) if fp8 else None
             routing = AlignedRouting(tw, sorted_ids, block_expert, offsets, k, block_m,
                                      config.apply_router_weight_on_input)  # fmt: skip
 
