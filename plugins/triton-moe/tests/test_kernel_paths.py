@@ -110,7 +110,33 @@ def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, b
     out, inputs = _check(cfg, weights, 9, _kc(block_k, split, block_n, block_m, swap))
     plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m))
     assert relative_l2(out, plain) <= tolerance("mxfp4", HALF) / 4
-    assert kernel_configs.sanitize(_kc(64, 1, swap=(True, True)), "bf16").gemm1.swap_ab is False
+
+
+DENSE_SCHEMES = ["bf16", "fp8_block"] if CUDA else ["fp32"]
+
+
+@pytest.mark.parametrize("scheme", DENSE_SCHEMES)
+@pytest.mark.parametrize(
+    "swap,split,block_k,block_n,block_m,act,bias,on_input,top_k,h,i",
+    [
+        ((True, True), 1, 128, 64, 16, "silu", False, False, 2, 256, 128),
+        ((True, False), 2, 128, 64, 16, "gelu", True, False, 2, 384, 192),  # GEMM1 swapped and split, GEMM2 not
+        ((False, True), 1, 128, 128, 32, "silu", True, True, 1, 256, 320),  # K tails, router on input, k = 1
+        ((True, True), 2, 128, 128, 16, "swiglu_oai", True, False, 2, 320, 256),  # both split: K tails
+    ],
+)
+def test_dense_swapped_operands_match_reference(scheme, swap, split, block_k, block_n, block_m, act, bias, on_input,
+                                                top_k, h, i):  # fmt: skip
+    """``GemmConfig.swap_ab`` in the bf16/fp32 and fp8_block main loops (fp8: the transposed dot scaled by
+    its row and column scales): the same forward as the plain order, within a quarter of the tolerance."""
+    dtype = FLOAT if scheme != "fp8_block" else torch.bfloat16
+    cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias,
+                    apply_router_weight_on_input=on_input)  # fmt: skip
+    weights = random_weights(cfg, DEVICE)
+    out, inputs = _check(cfg, weights, 9, _kc(block_k, split, block_n, block_m, swap))
+    plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m))
+    assert relative_l2(out, plain) <= tolerance(scheme, dtype) / 4
+    assert kernel_configs.sanitize(_kc(block_k, 1, swap=swap), scheme).gemm1.swap_ab is swap[0]
 
 
 def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_the_gemms():

@@ -142,7 +142,7 @@ def test_tune_table_merges_per_token_count(tmp_path, monkeypatch):
     assert kernel_configs.tuned_entry("cpu", key) == {1: c, 4096: b}
 
 
-def test_tune_candidates_swap_operands_for_mxfp4_only():
+def test_tune_candidates_swap_operands_below_a_wgmma_or_for_mxfp4():
     pytest.importorskip("triton")
     from moe_triton.tune import candidates
 
@@ -151,8 +151,11 @@ def test_tune_candidates_swap_operands_for_mxfp4_only():
             swapped = [g for g in gemms if g.swap_ab]
             assert swapped and all(g.block_n >= 64 and g.block_k % 64 == 0 for g in swapped)
             assert len(set(gemms)) == len(gemms)
-        for _, gemms in candidates("bf16", rows_per_expert):
-            assert not any(g.swap_ab for g in gemms)
+        for scheme in ("bf16", "fp8_block"):
+            for block_m, gemms in candidates(scheme, rows_per_expert):
+                swapped = [g for g in gemms if g.swap_ab]
+                assert bool(swapped) == (block_m < 64), (scheme, block_m)
+                assert all(g.block_n >= 64 for g in swapped) and len(set(gemms)) == len(gemms)
     # decode tiles only while experts see a few rows; from 4 on average 32-row blocks compete (routing skew)
     assert [bm for bm, _ in candidates("bf16", 2)] == [16]
     assert [bm for bm, _ in candidates("bf16", 16)] == [16, 32]
@@ -216,7 +219,8 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
 
     def clock(fn):
         fn()
-        gemm, split = fn.func.__name__, fn.keywords["split_k"]
+        gemm = {"launch_gemm1": "run1", "launch_gemm2": "run2"}[fn.func.__name__]
+        split = 1 if fn.keywords["split"] is None else fn.keywords["split"].factor
         ran.append((gemm, split))
         return {("run1", 2): 2.0, ("run2", 4): 0.5}.get((gemm, split), 3.0)
 

@@ -89,7 +89,7 @@ def test_tuning_writes_into_the_user_directory_and_the_next_forward_sees_it(tmp_
     kept = kernel_configs.table_key("fp32", 4, 64, 64, 1)
     _write(tmp_path / "triton" / "cpu.json", {kept: {"8": MINE.as_dict()}})
 
-    def fake_tune_shape(config, weights, tokens, device, log, on_result):
+    def fake_tune_shape(config, weights, tokens, device, log, on_result, compiler=None):
         for m in tokens:
             on_result(m, MINE)
         return dict.fromkeys(tokens, MINE)

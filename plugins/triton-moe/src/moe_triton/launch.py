@@ -37,7 +37,6 @@ from moe_triton.kernel_configs import (
     resolve_split_k,
     sanitize,
     select_config,
-    swap_ab_supported,
 )
 from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
@@ -90,11 +89,6 @@ def pdl_kwargs(device: torch.device, switches: Switches | None = None) -> dict:
 @functools.cache
 def _sm90_or_newer(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def _swap_ab(scheme: str, g: GemmConfig) -> bool:
-    """Swapped operands where asked for and implemented (the tuner passes configs that skip ``sanitize``)."""
-    return g.swap_ab and swap_ab_supported(scheme)
 
 
 def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, int, int], extra: int = 0):
@@ -193,7 +187,7 @@ def launch_gemm1(
         TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], ACTIVATION=ACTIVATION_IDS[activation.name],
         HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
-        BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), DIRECT=r.direct,
+        BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -237,7 +231,7 @@ def launch_gemm2(
         TOP_K=r.top_k, SCHEME=SCHEME_IDS[w.scheme], HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input,
         OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
-        GROUP_M=g.group_m, SWAP_AB=_swap_ab(w.scheme, g), A_FP8=a_fp8, DIRECT=r.direct,
+        GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
         SUM_SLOTS=slot_sum is not None, num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

@@ -13,6 +13,10 @@ tiles that were fastest unsplit are re-timed, and the fastest (split, tile)
 wins (1 = off is always a candidate). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
+Compiling a candidate costs far more than timing it, so on CUDA each batch of
+candidates is first compiled by worker processes (``moe_triton.compile_pool``,
+``MOE_TRITON_TUNE_JOBS``) and only then timed, here, one after another.
+
 The table is written to the user's table of this device
 (``kernel_configs.user_table_path``; ``--output`` elsewhere), merged with what
 is there, after every token count; the config caches are cleared after each
@@ -32,13 +36,13 @@ import torch
 import triton
 
 from moe_triton import kernel_configs, launch
+from moe_triton.compile_pool import Compiler, default_jobs
 from moe_triton.kernel_configs import (
     GemmConfig,
     KernelConfig,
     device_slug,
     heuristic_config,
     legal_block_k,
-    swap_ab_supported,
     table_key,
 )
 from moe_triton.launch_args import Activation, AlignedRouting
@@ -64,6 +68,13 @@ SPLITS = (2, 4, 8)
 SPLIT_TOP = 4
 
 
+def swap_worth_trying(scheme: str, block_m: int) -> bool:
+    """Whether swapped operands (``GemmConfig.swap_ab``, tried only where the weight tile fills a wgmma's
+    64 rows: BLOCK_N >= 64) join the candidates: for mxfp4 at every BLOCK_M (the decoded tile may feed the
+    MMA from registers), elsewhere only below 64 rows, where the plain order cannot use ``wgmma`` at all."""
+    return scheme == "mxfp4" or block_m < 64
+
+
 def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[GemmConfig]]]:
     """(block_m, gemm candidates) pairs for this regime and scheme."""
     if rows_per_expert <= 16:
@@ -80,8 +91,7 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
         h = heuristic_config(scheme, 1, 1, 1, 1, block_m).gemm1
         shapes = [(h.block_n, h.block_k, h.num_warps, h.num_stages), *shapes]
         gemms, seen = [], set()
-        # mxfp4 also tries swapped operands (GemmConfig.swap_ab) where the weight tile fills a wgmma (N >= 64)
-        swaps = (False, True) if swap_ab_supported(scheme) else (False,)
+        swaps = (False, True) if swap_worth_trying(scheme, block_m) else (False,)
         for swap in swaps:
             for bn, bk, w, s in shapes:
                 bk = legal_block_k(scheme, bk)
@@ -97,20 +107,86 @@ def _bench(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
-def _time(run, split: int, gemms, scratch) -> dict:
-    """Times of one GEMM's candidates at this split (``scratch(block_n, split)``: partials and counters)."""
-    return {c: _safe(_bench, functools.partial(run, g=c, split_k=split, split=scratch(c.block_n, split)))
-            for c in gemms}  # fmt: skip
+#: the GEMM launches a (layer, M, BLOCK_M) is tuned with; ``gemm2_codes`` (fp8_block): GEMM2 reading the
+#: e4m3 codes a quantizing GEMM1 writes (``launch.fp8_intermediate``)
+KINDS = ("gemm1", "gemm2", "gemm2_codes")
 
 
-def _trials(run, gemms, scratch, decode: bool) -> dict[int, dict]:
+def _inputs(config, m: int, device):
+    """(x, x_scale, ids, flat routing weights) of a forward of ``m`` tokens: seeded, so a compile worker
+    (``Compiler``) builds the same shapes; fp8_block's ``x`` quantized as the forward does by default."""
+    from moe_core.synthetic import random_inputs
+
+    x, ids, tw = random_inputs(config, m, device)
+    x_scale = None
+    if config.quant_scheme == "fp8_block":
+        x, x_scale = launch.quantize_fp8_groups(x)
+    return x, x_scale, ids, tw.reshape(-1).contiguous()
+
+
+def _launches(config, weights, inputs, block_m: int, device) -> dict:
+    """``{kind: make}`` for one BLOCK_M: the alignment runs once and the buffers are allocated here;
+    ``make(g, split)`` returns a zero-argument launch of that GEMM candidate (its split-K scratch taken,
+    counters zeroed), to time or to run once."""
+    from moe_triton.kernels import align
+
+    scheme, h, i, k = config.quant_scheme, config.hidden_size, config.intermediate_size, config.top_k
+    fp8 = scheme == "fp8_block"
+    x, x_scale, ids, tw = inputs
+    m = x.shape[0]
+    w13, w2 = weights.gemm1(), weights.gemm2()
+    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
+    sorted_ids, block_expert, offsets = align.align(ids, config.num_experts, block_m)
+    n_blocks = block_expert.numel()
+    y = torch.empty(m * k, h, dtype=config.dtype, device=device)
+    a = torch.zeros(n_blocks * block_m, i, dtype=config.dtype, device=device)
+    # fp8_block: GEMM1 tiles of whole scale groups quantize GEMM2's input (launch.fp8_intermediate)
+    a8 = torch.zeros(n_blocks * block_m, i, dtype=torch.float8_e4m3fn, device=device) if fp8 else None
+    a8_scale = torch.ones(n_blocks * block_m, cdiv(i, 128), device=device) if fp8 else None
+    routing = AlignedRouting(tw, sorted_ids, block_expert, offsets, k, block_m, config.apply_router_weight_on_input)
+
+    def scratch(block_n, split, width, n):
+        found, counters = launch.split_scratch(n_blocks, block_m, device, (split, width, n, block_n))
+        if counters is not None:
+            counters.zero_()  # each reducing program zeroes its counter again: every replay reduces
+        return found
+
+    def gemm1(g, split):
+        sc = scratch(g.block_n, split, 2 * i, i)
+        if launch.fp8_intermediate(scheme, g):
+            return functools.partial(launch.launch_gemm1, x, w13, routing, act, a8, g, x_scale=x_scale,
+                                     out_scale=a8_scale, round_to=config.dtype, split=sc)  # fmt: skip
+        return functools.partial(launch.launch_gemm1, x, w13, routing, act, a, g, x_scale=x_scale, split=sc)
+
+    def gemm2(g, split):
+        return functools.partial(launch.launch_gemm2, a, w2, routing, y, g, split=scratch(g.block_n, split, h, h))
+
+    def gemm2_codes(g, split):
+        return functools.partial(launch.launch_gemm2, a8, w2, routing, y, g, a_scale=a8_scale,
+                                 split=scratch(g.block_n, split, h, h))  # fmt: skip
+
+    return {"gemm1": gemm1, "gemm2": gemm2, **({"gemm2_codes": gemm2_codes} if fp8 else {})}
+
+
+def _no_warm(pairs) -> None:
+    """No compile workers: each candidate compiles when first timed."""
+
+
+def _time(make, split: int, gemms) -> dict:
+    """Times of one GEMM's candidates at this split."""
+    return {c: _safe(_bench, make(c, split)) for c in gemms}
+
+
+def _trials(make, gemms, decode: bool, warm) -> dict[int, dict]:
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
-    ``SPLIT_TOP`` fastest unsplit tiles."""
-    trials = {1: _time(run, 1, gemms, scratch)}
+    ``SPLIT_TOP`` fastest unsplit tiles. ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing."""
+    warm([(g, 1) for g in gemms])
+    trials = {1: _time(make, 1, gemms)}
     if decode:
         top = sorted(trials[1], key=trials[1].get)[:SPLIT_TOP]
+        warm([(g, split) for split in SPLITS for g in top])
         for split in SPLITS:
-            trials[split] = _time(run, split, top, scratch)
+            trials[split] = _time(make, split, top)
     return trials
 
 
@@ -124,70 +200,35 @@ def _best(trials: dict[int, dict]) -> tuple[float, int, GemmConfig | None]:
     return best
 
 
-def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=None) -> dict[int, KernelConfig]:
+def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=None, compiler=None) -> dict:
     """Best KernelConfig per token count for one layer (MoeConfig + prepared ``TritonWeights``).
 
     ``on_result(m, config)`` is called as soon as each token count is done (the caller saves it, so a
-    tuning run cut short by a time limit keeps every M it finished).
+    tuning run cut short by a time limit keeps every M it finished). ``compiler``: a ``Compiler`` whose
+    worker processes build each batch of candidates before it is timed (None: each compiles when first
+    timed).
     """
-    from moe_core.synthetic import random_inputs
-    from moe_triton.kernels import align
-
-    scheme, e, h, i, k = (config.quant_scheme, config.num_experts, config.hidden_size,
-                          config.intermediate_size, config.top_k)  # fmt: skip
-    w13, w2 = weights.gemm1(), weights.gemm2()
-    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
+    scheme, e, k = config.quant_scheme, config.num_experts, config.top_k
     result = {}
-    fp8 = scheme == "fp8_block"
     for m in tokens:
-        x, ids, tw = random_inputs(config, m, device)
-        tw = tw.reshape(-1).contiguous()
-        x_scale = None
-        if fp8:  # as the forward runs it (the fp8_prequant switch's default): GEMM1 reads codes
-            x, x_scale = launch.quantize_fp8_groups(x)
+        inputs = _inputs(config, m, device)
         best_total, best = float("inf"), None
         for block_m, gemms in candidates(scheme, m * k / e):
-            sorted_ids, block_expert, offsets = align.align(ids, e, block_m)
-            n_blocks = block_expert.numel()
-            y = torch.empty(m * k, h, dtype=config.dtype, device=device)
-            a = torch.zeros(n_blocks * block_m, i, dtype=config.dtype, device=device)
-            # fp8_block: GEMM1 tiles of whole scale groups quantize GEMM2's input (launch.fp8_intermediate)
-            a8 = torch.zeros(n_blocks * block_m, i, dtype=torch.float8_e4m3fn, device=device) if fp8 else None
-            a8_scale = torch.ones(n_blocks * block_m, cdiv(i, 128), device=device) if fp8 else None
-            routing = AlignedRouting(tw, sorted_ids, block_expert, offsets, k, block_m,
-                                     config.apply_router_weight_on_input)  # fmt: skip
-
-            def run1(g, split_k, split, routing=routing, x=x, x_scale=x_scale, a=a, a8=a8, a8_scale=a8_scale):
-                if launch.fp8_intermediate(scheme, g):
-                    launch.launch_gemm1(x, w13, routing, act, a8, g, x_scale=x_scale, out_scale=a8_scale,
-                                        round_to=config.dtype, split=split)  # fmt: skip
-                else:
-                    launch.launch_gemm1(x, w13, routing, act, a, g, x_scale=x_scale, split=split)
-
-            def run2(g, split_k, split, routing=routing, y=y, a=a):
-                launch.launch_gemm2(a, w2, routing, y, g, split=split)
-
-            def run2_codes(g, split_k, split, routing=routing, y=y, a8=a8, a8_scale=a8_scale):
-                launch.launch_gemm2(a8, w2, routing, y, g, a_scale=a8_scale, split=split)
-
-            def scratch(block_n, split, width, n, n_blocks=n_blocks, block_m=block_m):
-                found, counters = launch.split_scratch(n_blocks, block_m, device, (split, width, n, block_n))
-                if counters is not None:
-                    counters.zero_()  # each reducing program zeroes its counter again: every replay reduces
-                return found
-
+            makes = _launches(config, weights, inputs, block_m, device)
             decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
-            trials1 = _trials(run1, gemms, functools.partial(scratch, width=2 * i, n=i), decode)
-            scratch2 = functools.partial(scratch, width=h, n=h)
-            trials2 = _trials(run2, gemms, scratch2, decode)
-            # GEMM2 after a quantizing GEMM1 reads codes: timed that way for those pairings
-            codes = any(launch.fp8_intermediate(scheme, g) for g in gemms)
-            trials2_codes = _trials(run2_codes, gemms, scratch2, decode) if codes else None
+            trials = {}
+            for kind, make in makes.items():
+                if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
+                    continue  # no GEMM1 candidate writes codes
+                warm = functools.partial(compiler.warm, config, m, block_m, kind) if compiler else _no_warm
+                trials[kind] = _trials(make, gemms, decode, warm)
+            trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
                 c1, c2 = min(trials1[split], key=trials1[split].get), min(trials2[split], key=trials2[split].get)
                 log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {trials1[split][c1] * 1e3:.1f} us {c1}, "
                     f"gemm2 {trials2[split][c2] * 1e3:.1f} us {c2}")  # fmt: skip
-            for quantizing, second in ((False, trials2), (True, trials2_codes)):
+            # GEMM2 after a quantizing GEMM1 reads codes: timed that way for those pairings
+            for quantizing, second in ((False, trials2), (True, trials.get("gemm2_codes"))):
                 if second is None:
                     continue
                 first = {s: {g: t for g, t in ts.items() if launch.fp8_intermediate(scheme, g) == quantizing}
@@ -199,7 +240,8 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 if t1 + t2 < best_total:
                     best_total, best = t1 + t2, KernelConfig(block_m, c1, c2, s1, s2)
         if best is None:
-            raise RuntimeError(f"no tile candidate of {scheme} E={e} H={h} I={i} k={k} ran at M={m} (see the log)")
+            raise RuntimeError(f"no tile candidate of {scheme} E={e} H={config.hidden_size} "
+                               f"I={config.intermediate_size} k={k} ran at M={m} (see the log)")  # fmt: skip
         result[m] = best
         if on_result is not None:
             on_result(m, best)
@@ -271,12 +313,19 @@ def default_table_path(device) -> Path:
     return kernel_configs.user_table_path(device_slug(torch.device(device)))
 
 
+def prepare_weights_for(config, device):
+    """Random weights of ``config`` in the layout the runner prepares (``moe_triton.layout``): what a layer
+    is tuned on (the values do not matter, the shapes, strides and dtypes do)."""
+    from moe_core.synthetic import random_weights
+    from moe_triton.layout import prepare_weights
+
+    return prepare_weights(config.quant_scheme, random_weights(config, device))
+
+
 def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, device="cuda", log=print) -> Path:
     """Tune each preset at each token count; merge into ``output`` (default: the user's table of this
     device, ``default_table_path``)."""
     from moe_core.presets import PRESETS
-    from moe_core.synthetic import random_weights
-    from moe_triton.layout import prepare_weights
 
     device = torch.device(device)
     dtype = (
@@ -286,16 +335,18 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
     )
     path = Path(output) if output else default_table_path(device)
     log(f"writing the tuned table to {path}")
-    for name in presets:
-        cfg = PRESETS[name].config(scheme, dtype)
-        weights = prepare_weights(scheme, random_weights(cfg, device))
-        log(f"tuning {name} ({scheme}) on {torch.cuda.get_device_name(device) if device.type == 'cuda' else device}")
-        t0 = time.time()
-        key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
-        # written after every token count, so an interrupted run keeps what it measured
-        tune_shape(cfg, weights, tokens, device, log,
-                   on_result=lambda m, best, key=key: write_table(path, device, {key: {m: best}}))  # fmt: skip
-        log(f"  {name}: {time.time() - t0:.0f} s -> {path}")
-        del weights
-        torch.cuda.empty_cache()
+    with Compiler(default_jobs(device), device, log) as compiler:
+        for name in presets:
+            cfg = PRESETS[name].config(scheme, dtype)
+            weights = prepare_weights_for(cfg, device)
+            where = torch.cuda.get_device_name(device) if device.type == "cuda" else device
+            log(f"tuning {name} ({scheme}) on {where}")
+            t0 = time.time()
+            key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
+            # written after every token count, so an interrupted run keeps what it measured
+            tune_shape(cfg, weights, tokens, device, log, compiler=compiler,
+                       on_result=lambda m, best, key=key: write_table(path, device, {key: {m: best}}))  # fmt: skip
+            log(f"  {name}: {time.time() - t0:.0f} s -> {path}")
+            del weights
+            torch.cuda.empty_cache()
     return path

@@ -41,10 +41,11 @@ from moe_triton.switches import Switches, current_switches
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One GEMM's tiles. ``swap_ab`` (MXFP4 only): compute the transposed product, weights as the MMA's
-    first operand — on Hopper that operand may live in registers, so the decoded tile feeds ``wgmma``
-    without a trip through shared memory, and the token rows become the MMA's N (8-wide steps instead
-    of a 64-row minimum); elsewhere it is reset to False (``sanitize``)."""
+    """One GEMM's tiles. ``swap_ab``: compute the transposed product, weights as the MMA's first operand,
+    so the token rows become the MMA's N (Hopper's ``wgmma`` takes 8-wide steps there but needs 64 rows on
+    its first operand: a 16-row decode tile in the plain order compiles to Ampere-style ``mma.sync``);
+    for MXFP4 that operand may live in registers, so the decoded tile feeds ``wgmma`` without a trip
+    through shared memory."""
 
     block_n: int = 64
     block_k: int = 64
@@ -114,11 +115,6 @@ def min_block_k(scheme: str) -> int:
     return 128 if scheme == "fp8_block" else 64 if scheme == "mxfp4" else 16
 
 
-def swap_ab_supported(scheme: str) -> bool:
-    """``GemmConfig.swap_ab`` is implemented for the MXFP4 main loop only."""
-    return scheme == "mxfp4"
-
-
 def legal_block_k(scheme: str, block_k: int) -> int:
     """The nearest BLOCK_K at or above ``block_k`` the scheme's kernels accept (fp8_block: 128; mxfp4: a
     multiple of 64; others: at least 16)."""
@@ -129,13 +125,12 @@ def legal_block_k(scheme: str, block_k: int) -> int:
 
 
 def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
-    """Make BLOCK_K legal for the scheme (``legal_block_k``), e.g. for an older table; ``swap_ab`` only
-    where it is implemented (mxfp4); GEMM2's split at least 1 (it has no automatic choice, so 0 = off)."""
+    """Make BLOCK_K legal for the scheme (``legal_block_k``), e.g. for an older table; GEMM2's split at
+    least 1 (it has no automatic choice, so 0 = off)."""
 
     def fix(g: GemmConfig) -> GemmConfig:
         bk = legal_block_k(scheme, g.block_k)
-        swap = g.swap_ab and swap_ab_supported(scheme)
-        return g if (bk, swap) == (g.block_k, g.swap_ab) else replace(g, block_k=bk, swap_ab=swap)
+        return g if bk == g.block_k else replace(g, block_k=bk)
 
     return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2), split_k2=max(cfg.split_k2, 1))
 

@@ -150,6 +150,18 @@ def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _scaled_mma(a, a_scale, w, w_scale, acc, SWAP_AB: tl.constexpr):
+    """fp8_block: ``acc += (a @ w) * a_scale[:, None] * w_scale[None, :]`` (one scale per row of the codes
+    ``a``, one per column of ``w``: the K tile is one 128-wide scale group), or with ``SWAP_AB`` the same
+    transposed (``w`` given as ``[BLOCK_N, K]``, ``acc`` as ``[BLOCK_N, BLOCK_M]``), scaled in the same order."""
+    if SWAP_AB:
+        out = acc + tl.dot(w, tl.trans(a)) * a_scale[None, :] * w_scale[:, None]
+    else:
+        out = acc + tl.dot(a, w) * a_scale[:, None] * w_scale[None, :]
+    return out
+
+
+@triton.jit
 def _gemm1(
     x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     os_ptr, part_ptr, count_ptr, zero_ptr, num_zero, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
@@ -176,8 +188,9 @@ def _gemm1(
     ``[rows, ceil(I/128)]`` — so GEMM2 reads codes instead of quantizing its K tile in every N-tile
     program; ``_quant_fp8_rows`` on each 128-column group, as GEMM2's loop would run it.
 
-    ``SWAP_AB`` (MXFP4): accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T,
-    transposed back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``).
+    ``SWAP_AB``: accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T, transposed
+    back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``); weight tiles are then
+    loaded ``[BLOCK_N, K]``, as stored.
 
     ``DIRECT`` (decode, no alignment ran): ``block_expert_ptr`` holds the flat expert ids and program
     row block ``pid_m`` is pair ``pid_m`` (``_block_pairs``); the intermediate has one row per pair.
@@ -222,20 +235,20 @@ def _gemm1(
         else:
             a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
             bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
+                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
             bu, su = _dense_tile(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
+                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(xs_ptr + token * stride_xsm + k0 // 128, mask=row_ok, other=0.0)
                 else:
                     aq, a_scale = _quant_fp8_rows(a)
-                acc_g += tl.dot(aq, bg) * a_scale[:, None] * sg[None, :]
-                acc_u += tl.dot(aq, bu) * a_scale[:, None] * su[None, :]
+                acc_g = _scaled_mma(aq, a_scale, bg, sg, acc_g, SWAP_AB)
+                acc_u = _scaled_mma(aq, a_scale, bu, su, acc_u, SWAP_AB)
             else:
-                acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
-                acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
+                acc_g = _mma(a, bg, acc_g, SWAP_AB, PRECISION)
+                acc_u = _mma(a, bu, acc_u, SWAP_AB, PRECISION)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -340,16 +353,16 @@ def _gemm2(
         else:
             a = _rows_tile(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_am, stride_ak)
             b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K)  # fmt: skip
+                                stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k0 // 128, mask=row_ok, other=0.0)
                 else:
                     aq, a_scale = _quant_fp8_rows(a)
-                acc += tl.dot(aq, b) * a_scale[:, None] * sb[None, :]
+                acc = _scaled_mma(aq, a_scale, b, sb, acc, SWAP_AB)
             else:
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                acc = _mma(a, b, acc, SWAP_AB, PRECISION)
     if SWAP_AB:
         acc = tl.trans(acc)
     out_mask = row_ok[:, None] & n_ok[None, :]

@@ -147,12 +147,18 @@ def _mxfp4_chunk(
 @triton.jit
 def _dense_tile(
     w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    SCHEME: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCHEME: tl.constexpr, BLOCK_K: tl.constexpr, N_ROWS: tl.constexpr = False,
 ):  # fmt: skip
-    """One ``[BLOCK_K, BLOCK_N]`` weight tile (rows ``n`` of ``[N, K]``, transposed) and, for fp8, its column scale."""
+    """One ``[BLOCK_K, BLOCK_N]`` weight tile (rows ``n`` of ``[N, K]``, transposed) and, for fp8, its column
+    scale; ``N_ROWS`` loads it ``[BLOCK_N, BLOCK_K]`` (as stored) for the swapped-operand GEMMs."""
     kk = k0 + tl.arange(0, BLOCK_K)
-    mask = n_ok[None, :] & (kk[:, None] < K)
-    tile = tl.load(w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk, mask=mask, other=0.0)
+    if N_ROWS:
+        mask = n_ok[:, None] & (kk[None, :] < K)
+        ptrs = w_ptr + expert * stride_we + n[:, None] * stride_wn + kk[None, :] * stride_wk
+    else:
+        mask = n_ok[None, :] & (kk[:, None] < K)
+        ptrs = w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk
+    tile = tl.load(ptrs, mask=mask, other=0.0)
     if SCHEME == FP8_BLOCK:
         col_scale = tl.load(
             s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0

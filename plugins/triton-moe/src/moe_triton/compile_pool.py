@@ -1,0 +1,108 @@
+"""Compile tuning candidates in worker processes before the tuner times them.
+
+Timing one candidate takes tens of milliseconds; compiling it (Triton's frontend, MLIR passes and ptxas,
+one core) takes about a second, so a tuning run is mostly compiling. Each worker process (spawned: a CUDA
+context does not survive a fork) builds the same layer, inputs and buffers as the tuner (``tune._inputs``,
+``tune._launches``: seeded, so the same shapes, strides and alignment) and launches each candidate it is
+given once; Triton's on-disk cache then holds the kernel, and the tuner's own first launch loads it
+instead of compiling. Timing stays in the tuner's process, after a batch's compiles have finished, so no
+worker shares the GPU with a measurement.
+
+A candidate that fails in a worker (does not compile, does not fit) is only reported back: the tuner meets
+it again itself and handles it as it always has. A pool that breaks (a worker died) is shut down with one
+warning and the tuner goes on compiling in its own process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import torch
+
+#: worker processes of ``moe tune triton``: 0 or 1 = none (compile in the tuner's process)
+JOBS_VAR = "MOE_TRITON_TUNE_JOBS"
+#: most workers chosen by default: each holds a CUDA context and a copy of the layer's weights
+MAX_DEFAULT_JOBS = 8
+
+
+def default_jobs(device) -> int:
+    """``$MOE_TRITON_TUNE_JOBS`` when set, else on CUDA one worker per CPU core but one (the tuner's), at
+    most ``MAX_DEFAULT_JOBS``; none elsewhere (the interpreter compiles nothing)."""
+    value = os.environ.get(JOBS_VAR, "").strip()
+    if value:
+        try:
+            jobs = int(value)
+        except ValueError:
+            raise ValueError(f"{JOBS_VAR}={value!r} is not a number of worker processes") from None
+        if jobs < 0:
+            raise ValueError(f"{JOBS_VAR}={value!r}: the number of worker processes cannot be negative")
+        return jobs
+    if torch.device(device).type != "cuda":
+        return 0
+    return min(MAX_DEFAULT_JOBS, max(0, (os.cpu_count() or 1) - 1))
+
+
+class Compiler:
+    """A pool of compile workers for one tuning run (a context manager; ``jobs`` <= 1: ``warm`` does
+    nothing). ``warm(config, m, block_m, kind, pairs)`` returns when every (GemmConfig, split) pair of
+    that GEMM kind has been launched once in some worker; the failures' messages, one per failed pair."""
+
+    def __init__(self, jobs: int, device, log=print):
+        self.device = str(torch.device(device))
+        self.pool = None
+        if jobs > 1:
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+            log(f"compiling candidates in {jobs} worker processes ({JOBS_VAR}=0 compiles in this one)")
+
+    def warm(self, config, m: int, block_m: int, kind: str, pairs) -> list[str]:
+        if self.pool is None or not pairs:
+            return []
+        jobs = [(config, m, block_m, kind, g, split, self.device) for g, split in pairs]
+        try:
+            return [err for err in self.pool.map(warm_one, jobs) if err]
+        except BrokenProcessPool as exc:
+            warnings.warn(f"tuning goes on without compile workers: the pool broke ({exc})", RuntimeWarning,
+                          stacklevel=2)  # fmt: skip
+            self.close()
+            return []
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+
+    def __enter__(self) -> Compiler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+#: a worker's layer (weights by config) and launches (by config, M, BLOCK_M), the latest of each only
+_STATE: dict = {}
+
+
+def warm_one(job) -> str | None:
+    """Launch one candidate once (in a worker; callable in-process too): None, or why it failed."""
+    from moe_triton import tune
+
+    config, m, block_m, kind, g, split, device = job
+    try:
+        if _STATE.get("config") != config:
+            _STATE.clear()
+            _STATE.update(config=config, weights=tune.prepare_weights_for(config, device))
+        if _STATE.get("key") != (m, block_m):
+            inputs = tune._inputs(config, m, device)
+            _STATE.update(key=(m, block_m), makes=tune._launches(config, _STATE["weights"], inputs, block_m, device))
+        _STATE["makes"][kind](g, split)()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # reported; the tuner meets the same candidate itself
+        lines = str(exc).strip().splitlines() or [""]
+        return f"{kind} {g} split {split}: {type(exc).__name__}: {lines[-1][:200]}"
+    return None
