@@ -71,6 +71,30 @@ def test_a_broken_pool_warns_and_tuning_goes_on_without_it(monkeypatch):
     assert c.pool is None and c.warm(CONFIG, 5, 16, "gemm1", [(GOOD, 1)]) == []
 
 
+def test_a_worker_out_of_memory_ends_the_pool_not_the_tuning(monkeypatch):
+    """The tuner's own memory comes first: one worker out of its share closes the pool with a warning."""
+    c = compile_pool.Compiler(2, DEVICE, log=lambda line: None)
+    oom = f"gemm2 {GOOD} split 8{compile_pool.OUT_OF_MEMORY}CUDA out of memory. Tried to allocate 2.63 GiB."
+    monkeypatch.setattr(c.pool, "map", lambda fn, jobs: [None, oom])
+    with pytest.warns(RuntimeWarning, match=f"share of GPU memory.*{compile_pool.JOBS_VAR}"):
+        assert c.warm(CONFIG, 5, 16, "gemm2", [(GOOD, 1), (GOOD, 8)]) == []
+    assert c.pool is None
+
+
+def test_a_worker_message_names_an_out_of_memory_failure(monkeypatch):
+    """``warm_one``'s message carries the marker ``Compiler.warm`` looks for."""
+
+    def no_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.63 GiB.")
+
+    monkeypatch.setattr(compile_pool, "_STATE", {})
+    from moe_triton import tune
+
+    monkeypatch.setattr(tune, "prepare_weights_for", no_memory)
+    err = compile_pool.warm_one((CONFIG, 5, 16, "gemm1", GOOD, 1, DEVICE))
+    assert err is not None and compile_pool.OUT_OF_MEMORY in err
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: Triton's interpreter compiles nothing, so nothing is cached")
 def test_a_candidate_a_worker_built_compiles_nothing_in_the_tuner(tmp_path, monkeypatch):

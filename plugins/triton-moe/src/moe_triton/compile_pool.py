@@ -11,6 +11,12 @@ worker shares the GPU with a measurement.
 A candidate that fails in a worker (does not compile, does not fit) is only reported back: the tuner meets
 it again itself and handles it as it always has. A pool that breaks (a worker died) is shut down with one
 warning and the tuner goes on compiling in its own process.
+
+GPU memory: every worker holds its own copy of the layer, and a candidate's split-K scratch can take
+gigabytes at prefill sizes, so unbounded workers can starve the tuner of the memory its timing needs. The
+workers together may hold ``WORKERS_SHARE`` of the GPU (``torch.cuda.set_per_process_memory_fraction``,
+split evenly), and each returns its allocator's cache after every launch; a worker out of its share ends
+the pool (one warning) rather than the tuning run.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import torch
 JOBS_VAR = "MOE_TRITON_TUNE_JOBS"
 #: most workers chosen by default: each holds a CUDA context and a copy of the layer's weights
 MAX_DEFAULT_JOBS = 8
+#: the fraction of the GPU's memory all workers together may hold; the rest is the tuner's
+WORKERS_SHARE = 0.5
 
 
 def default_jobs(device) -> int:
@@ -56,20 +64,30 @@ class Compiler:
         self.pool = None
         if jobs > 1:
             ctx = multiprocessing.get_context("spawn")
-            self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-            log(f"compiling candidates in {jobs} worker processes ({JOBS_VAR}=0 compiles in this one)")
+            share = WORKERS_SHARE / jobs
+            self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
+                                            initargs=(self.device, share))  # fmt: skip
+            log(f"compiling candidates in {jobs} worker processes, each within {share:.0%} of the GPU's memory "
+                f"({JOBS_VAR}=0 compiles in this one)")  # fmt: skip
 
     def warm(self, config, m: int, block_m: int, kind: str, pairs) -> list[str]:
         if self.pool is None or not pairs:
             return []
         jobs = [(config, m, block_m, kind, g, split, self.device) for g, split in pairs]
         try:
-            return [err for err in self.pool.map(warm_one, jobs) if err]
+            errors = [err for err in self.pool.map(warm_one, jobs) if err]
         except BrokenProcessPool as exc:
-            warnings.warn(f"tuning goes on without compile workers: the pool broke ({exc})", RuntimeWarning,
-                          stacklevel=2)  # fmt: skip
-            self.close()
-            return []
+            return self._give_up(f"the pool broke ({exc})")
+        out_of_memory = [err for err in errors if OUT_OF_MEMORY in err]
+        if out_of_memory:
+            return self._give_up(f"a worker ran out of its share of GPU memory (fewer workers, {JOBS_VAR}, "
+                                 f"get larger shares): {out_of_memory[0]}")  # fmt: skip
+        return errors
+
+    def _give_up(self, why: str) -> list[str]:
+        warnings.warn(f"tuning goes on without compile workers: {why}", RuntimeWarning, stacklevel=3)
+        self.close()
+        return []
 
     def close(self) -> None:
         if self.pool is not None:
@@ -83,8 +101,23 @@ class Compiler:
         self.close()
 
 
+#: in a failure's message: the worker ran out of its memory share (``Compiler.warm`` ends the pool)
+OUT_OF_MEMORY = ": OutOfMemoryError: "
+
 #: a worker's layer (weights by config) and launches (by config, M, BLOCK_M), the latest of each only
 _STATE: dict = {}
+
+
+def _start_worker(device: str, share: float) -> None:
+    """A worker's initializer: bound its GPU memory to ``share`` of the device's."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(share, torch.device(device))
+
+
+def _release(device: str) -> None:
+    """Give the allocator's cached blocks back: the next candidate's scratch differs in size."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def warm_one(job) -> str | None:
@@ -96,6 +129,7 @@ def warm_one(job) -> str | None:
         if _STATE.get("config") != config:
             _STATE.clear()
             _STATE.update(config=config, weights=tune.prepare_weights_for(config, device))
+            _release(device)  # the unprepared weights
         if _STATE.get("key") != (m, block_m):
             inputs = tune._inputs(config, m, device)
             _STATE.update(key=(m, block_m), makes=tune._launches(config, _STATE["weights"], inputs, block_m, device))
@@ -105,4 +139,6 @@ def warm_one(job) -> str | None:
     except Exception as exc:  # reported; the tuner meets the same candidate itself
         lines = str(exc).strip().splitlines() or [""]
         return f"{kind} {g} split {split}: {type(exc).__name__}: {lines[-1][:200]}"
+    finally:
+        _release(device)
     return None
