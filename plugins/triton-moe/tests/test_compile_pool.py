@@ -81,6 +81,17 @@ def test_a_worker_out_of_memory_ends_the_pool_not_the_tuning(monkeypatch):
     assert c.pool is None
 
 
+def test_a_worker_bounds_its_memory_on_an_indexed_device(monkeypatch):
+    """torch's ``set_per_process_memory_fraction`` rejects a bare "cuda": the worker passes an index."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
+    compile_pool._start_worker("cuda", 0.25)
+    compile_pool._start_worker("cuda:1", 0.25)
+    compile_pool._start_worker("cpu", 0.25)  # nothing to bound
+    assert calls == [(0.25, 0), (0.25, 1)]
+
+
 def test_a_worker_message_names_an_out_of_memory_failure(monkeypatch):
     """``warm_one``'s message carries the marker ``Compiler.warm`` looks for."""
 

@@ -110,8 +110,10 @@ _STATE: dict = {}
 
 def _start_worker(device: str, share: float) -> None:
     """A worker's initializer: bound its GPU memory to ``share`` of the device's."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(share, torch.device(device))
+    device = torch.device(device)
+    if device.type == "cuda":  # torch takes an index here, not a bare "cuda"
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_per_process_memory_fraction(share, index)
 
 
 def _release(device: str) -> None:
