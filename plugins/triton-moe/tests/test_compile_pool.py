@@ -74,8 +74,11 @@ def test_a_broken_pool_warns_and_tuning_goes_on_without_it(monkeypatch):
 def test_a_worker_out_of_memory_ends_the_pool_not_the_tuning(monkeypatch):
     """The tuner's own memory comes first: one worker out of its share closes the pool with a warning."""
     c = compile_pool.Compiler(2, DEVICE, log=lambda line: None)
-    oom = f"gemm2 {GOOD} split 8{compile_pool.OUT_OF_MEMORY}CUDA out of memory. Tried to allocate 2.63 GiB."
-    monkeypatch.setattr(c.pool, "map", lambda fn, jobs: [None, oom])
+
+    def out_of_memory(*a, **k):  # what the pool re-raises from a worker
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.63 GiB.")
+
+    monkeypatch.setattr(c.pool, "map", out_of_memory)
     with pytest.warns(RuntimeWarning, match=f"share of GPU memory.*{compile_pool.JOBS_VAR}"):
         assert c.warm(CONFIG, 5, 16, "gemm2", [(GOOD, 1), (GOOD, 8)]) == []
     assert c.pool is None
@@ -92,8 +95,8 @@ def test_a_worker_bounds_its_memory_on_an_indexed_device(monkeypatch):
     assert calls == [(0.25, 0), (0.25, 1)]
 
 
-def test_a_worker_message_names_an_out_of_memory_failure(monkeypatch):
-    """``warm_one``'s message carries the marker ``Compiler.warm`` looks for."""
+def test_a_worker_out_of_memory_is_raised_not_reported(monkeypatch):
+    """``warm_one`` reports a candidate's failure but raises the worker's own: ``Compiler.warm`` ends the pool."""
 
     def no_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.63 GiB.")
@@ -102,8 +105,8 @@ def test_a_worker_message_names_an_out_of_memory_failure(monkeypatch):
     from moe_triton import tune
 
     monkeypatch.setattr(tune, "prepare_weights_for", no_memory)
-    err = compile_pool.warm_one((CONFIG, 5, 16, "gemm1", GOOD, 1, DEVICE))
-    assert err is not None and compile_pool.OUT_OF_MEMORY in err
+    with pytest.raises(torch.OutOfMemoryError, match="2.63 GiB"):
+        compile_pool.warm_one((CONFIG, 5, 16, "gemm1", GOOD, 1, DEVICE))
 
 
 @pytest.mark.gpu

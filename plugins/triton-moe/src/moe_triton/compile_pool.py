@@ -75,14 +75,13 @@ class Compiler:
             return []
         jobs = [(config, m, block_m, kind, g, split, self.device) for g, split in pairs]
         try:
-            errors = [err for err in self.pool.map(warm_one, jobs) if err]
+            return [err for err in self.pool.map(warm_one, jobs) if err]
         except BrokenProcessPool as exc:
             return self._give_up(f"the pool broke ({exc})")
-        out_of_memory = [err for err in errors if OUT_OF_MEMORY in err]
-        if out_of_memory:
+        except torch.OutOfMemoryError as exc:  # raised in a worker, re-raised here by the pool
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
             return self._give_up(f"a worker ran out of its share of GPU memory (fewer workers, {JOBS_VAR}, "
-                                 f"get larger shares): {out_of_memory[0]}")  # fmt: skip
-        return errors
+                                 f"get larger shares): {first}")  # fmt: skip
 
     def _give_up(self, why: str) -> list[str]:
         warnings.warn(f"tuning goes on without compile workers: {why}", RuntimeWarning, stacklevel=3)
@@ -100,9 +99,6 @@ class Compiler:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-#: in a failure's message: the worker ran out of its memory share (``Compiler.warm`` ends the pool)
-OUT_OF_MEMORY = ": OutOfMemoryError: "
 
 #: a worker's layer (weights by config) and launches (by config, M, BLOCK_M), the latest of each only
 _STATE: dict = {}
@@ -123,7 +119,8 @@ def _release(device: str) -> None:
 
 
 def warm_one(job) -> str | None:
-    """Launch one candidate once (in a worker; callable in-process too): None, or why it failed."""
+    """Launch one candidate once (in a worker; callable in-process too): None, or why it failed. Running out
+    of memory is the worker's failure, not the candidate's: ``torch.OutOfMemoryError`` is raised."""
     from moe_triton import tune
 
     config, m, block_m, kind, g, split, device = job
@@ -131,13 +128,14 @@ def warm_one(job) -> str | None:
         if _STATE.get("config") != config:
             _STATE.clear()
             _STATE.update(config=config, weights=tune.prepare_weights_for(config, device))
-            _release(device)  # the unprepared weights
         if _STATE.get("key") != (m, block_m):
             inputs = tune._inputs(config, m, device)
             _STATE.update(key=(m, block_m), makes=tune._launches(config, _STATE["weights"], inputs, block_m, device))
         _STATE["makes"][kind](g, split)()
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
+    except torch.OutOfMemoryError:
+        raise
     except Exception as exc:  # reported; the tuner meets the same candidate itself
         lines = str(exc).strip().splitlines() or [""]
         return f"{kind} {g} split {split}: {type(exc).__name__}: {lines[-1][:200]}"
