@@ -18,6 +18,7 @@ from moe_core.reference import reference_for
 from moe_core.synthetic import random_inputs, random_weights
 from moe_core.tolerances import relative_l2, tolerance
 from moe_triton import kernel_configs, launch, switches
+from moe_triton import tma as tma_mod
 from moe_triton.launch_args import Activation, AlignedRouting, GemmWeights
 from moe_triton.layout import prepare_weights
 
@@ -44,12 +45,12 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
     return out
 
 
-def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None):
+def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None,
+        tma=(False, False)):  # fmt: skip
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
     reaches GEMM2 as 0, which ``sanitize`` makes 1)."""
     g1, g2 = (
-        kernel_configs.GemmConfig(block_n=block_n, block_k=block_k, group_m=1, num_warps=4, num_stages=2, swap_ab=s)
-        for s in swap
+        kernel_configs.GemmConfig(block_n, block_k, 1, 4, 2, swap_ab=s, tma=t) for s, t in zip(swap, tma, strict=True)
     )
     return kernel_configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
 
@@ -137,6 +138,46 @@ def test_dense_swapped_operands_match_reference(scheme, swap, split, block_k, bl
     plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m))
     assert relative_l2(out, plain) <= tolerance(scheme, dtype) / 4
     assert kernel_configs.sanitize(_kc(block_k, 1, swap=swap), scheme).gemm1.swap_ab is swap[0]
+
+
+@pytest.mark.parametrize("scheme", DENSE_SCHEMES)
+@pytest.mark.parametrize(
+    "m,tma,swap,split,block_k,block_n,block_m,act,bias,top_k,h,i",
+    [
+        (9, (True, True), (False, False), 1, 64, 64, 16, "silu", False, 2, 160, 96),  # K and N tails
+        (40, (True, True), (True, True), 1, 128, 64, 32, "gelu", True, 2, 256, 192),  # swapped, 32-row blocks
+        (9, (True, False), (False, True), 2, 128, 128, 16, "swiglu_oai", True, 2, 384, 192),  # GEMM1 split
+        (1, (True, True), (True, False), 2, 128, 64, 16, "silu", False, 4, 256, 128),  # direct: no TMA_A
+        (24, (False, True), (False, False), 1, 128, 128, 64, "silu", True, 1, 256, 320),  # k = 1: by token
+    ],
+)
+def test_tma_tiles_match_plain_loads(scheme, m, tma, swap, split, block_k, block_n, block_m, act, bias, top_k, h, i):
+    """``GemmConfig.tma``: weight (and GEMM2's aligned intermediate) tiles through tensor descriptors give
+    the forward the plain loads give — to fp32 rounding under the interpreter (the same tiles and dots);
+    rows a descriptor reads past an expert's own N (GEMM1's up half, the next expert) reach no output,
+    nor GEMM1's fp8 epilogue (128-wide tiles with ``I % 128 != 0``)."""
+    dtype = FLOAT if scheme != "fp8_block" else torch.bfloat16
+    cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias)
+    weights = random_weights(cfg, DEVICE)
+    p = prepare_weights(scheme, weights)
+    assert tma_mod.applies(True, scheme, p.gemm1().weight) and tma_mod.applies(True, scheme, p.gemm2().weight)
+    out, inputs = _check(cfg, weights, m, _kc(block_k, split, block_n, block_m, swap, tma=tma))
+    plain = _forward(cfg, weights, *inputs, _kc(block_k, split, block_n, block_m, swap))
+    if CUDA:
+        assert relative_l2(out, plain) <= tolerance(scheme, dtype) / 8
+    else:
+        assert relative_l2(out, plain) <= 1e-6  # rounding: NumPy sums a transposed tile in another order
+
+
+def test_tma_applies_only_to_what_a_descriptor_can_describe():
+    """mxfp4, weights not stored back to back, or rows not a multiple of 16 bytes take the plain loads."""
+    w = torch.zeros(4, 64, 32, dtype=FLOAT, device=DEVICE)
+    assert tma_mod.applies(True, "bf16" if CUDA else "fp32", w)
+    assert not tma_mod.applies(False, "bf16", w)
+    assert not tma_mod.applies(True, "mxfp4", w)
+    assert not tma_mod.applies(True, "bf16", w.transpose(1, 2))
+    assert not tma_mod.applies(True, "bf16", torch.zeros(4, 64, 3, dtype=FLOAT, device=DEVICE))
+    assert not tma_mod.rows_ok(w[:, :, 1:17])
 
 
 def test_split_k_counters_are_zeroed_by_align_and_left_zero_by_the_gemms():

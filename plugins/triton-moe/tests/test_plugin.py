@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -156,6 +157,13 @@ def test_tune_candidates_swap_operands_below_a_wgmma_or_for_mxfp4():
                 swapped = [g for g in gemms if g.swap_ab]
                 assert bool(swapped) == (block_m < 64), (scheme, block_m)
                 assert all(g.block_n >= 64 for g in swapped) and len(set(gemms)) == len(gemms)
+    # with descriptors: every tile twice, loads plain and through descriptors; never for mxfp4
+    for rows_per_expert in (1, 50, 200):
+        for (bm, plain), (bm_t, both) in zip(candidates("bf16", rows_per_expert),
+                                             candidates("bf16", rows_per_expert, tma=True), strict=True):  # fmt: skip
+            assert bm == bm_t and not any(g.tma for g in plain)
+            assert [g for g in both if not g.tma] == plain and [replace(g, tma=False) for g in both if g.tma] == plain
+        assert not any(g.tma for _, gemms in candidates("mxfp4", rows_per_expert, tma=True) for g in gemms)
     # decode tiles only while experts see a few rows; from 4 on average 32-row blocks compete (routing skew)
     assert [bm for bm, _ in candidates("bf16", 2)] == [16]
     assert [bm for bm, _ in candidates("bf16", 16)] == [16, 32]
@@ -214,7 +222,7 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
     from moe_triton.layout import prepare_weights
 
     gemms = [GemmConfig(32, 32, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2)]
-    monkeypatch.setattr(tune, "candidates", lambda scheme, rows_per_expert: [(16, gemms)])
+    monkeypatch.setattr(tune, "candidates", lambda scheme, rows_per_expert, tma=False: [(16, gemms)])
     ran = []
 
     def clock(fn):

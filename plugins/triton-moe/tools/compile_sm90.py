@@ -78,33 +78,37 @@ def weight_types(scheme, dt):
 
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
-          swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False):  # fmt: skip
+          swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False, tma=False,
+          num_warps=4):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
-             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl)  # fmt: skip
+             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
-           f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}")  # fmt: skip
+           f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}"
+           f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     fp8_names = {"x_ptr"} if a_fp8 else set()
     fp8_names |= {"out_ptr"} if out_fp8 else set()
-    build(gemm._gemm1, lambda n: "*fp8e4nv" if n in fp8_names else types(n), c, tag)
+    build(gemm._gemm1, lambda n: "*fp8e4nv" if n in fp8_names else types(n), c, tag, num_warps)
 
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
-          pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False):  # fmt: skip
+          pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False, tma=False, tma_a=False,
+          num_warps=4):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, DIRECT=direct,
-             SUM_SLOTS=sum_slots, PDL=pdl)  # fmt: skip
+             SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
-           f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}")  # fmt: skip
+           f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}"
+           f"{f'_tma{int(tma_a)}_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
-    build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag)
+    build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag, num_warps)
 
 
 for scheme in (0, 1, 2):
@@ -174,6 +178,25 @@ for block_n, block_m in ((64, 16), (128, 32)):
 gemm1(1, 0, False, 1, a_fp8=True, swap=True, direct=True)
 gemm2(1, False, a_fp8=True, swap=True, direct=True, sum_slots=True)
 gemm1(0, 0, False, 1, swap=True, dt="fp32")
+# tiles through tensor descriptors (GemmConfig.tma): weights, and GEMM2's aligned intermediate
+for block_n, block_k, block_m, warps in ((64, 64, 64, 4), (128, 64, 128, 8), (256, 64, 128, 8), (128, 128, 64, 8)):
+    gemm1(0, 0, False, 1, block_n=block_n, block_k=block_k, block_m=block_m, tma=True, num_warps=warps)
+    gemm2(0, False, block_n=block_n, block_k=block_k, block_m=block_m, tma=True, tma_a=True, num_warps=warps)
+gemm1(0, 2, True, 4, tma=True)
+gemm2(0, True, tma=True, split=4)
+gemm2(0, True, by_token=True, tma=True, tma_a=True)
+for block_n, block_m in ((64, 16), (128, 32)):  # swapped
+    gemm1(0, 0, False, 1, block_n=block_n, block_m=block_m, swap=True, tma=True)
+    gemm2(0, True, block_n=block_n, block_m=block_m, swap=True, tma=True, tma_a=True)
+    gemm1(1, 0, True, 1, block_n=128, block_m=block_m, a_fp8=True, out_fp8=True, swap=True, tma=True)
+    gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, swap=True, tma=True, tma_a=True)
+gemm1(0, 0, False, 1, direct=True, tma=True)
+gemm2(0, False, direct=True, sum_slots=True, tma=True)
+for block_n, block_m, warps in ((128, 64, 4), (256, 64, 8)):  # fp8_block: codes in, codes out
+    gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, out_fp8=True, tma=True, num_warps=warps)
+    gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, tma=True, tma_a=True, num_warps=warps)
+gemm1(1, 0, False, 1, tma=True)
+gemm2(1, True, split=4, tma=True, tma_a=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)
@@ -183,6 +206,8 @@ for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm2(0, False, dt=dt, split=2)
     gemm1(0, 0, False, 2, dt=dt, direct=True)
     gemm2(0, False, dt=dt, split=2, direct=True, sum_slots=True)
+    gemm1(0, 0, False, 2, dt=dt, tma=True)
+    gemm2(0, False, dt=dt, tma=True, tma_a=True)
 
 i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
 for e, e_pow2, pair_chunk, block_chunk in ((256, 512, 256, 64), (128, 256, 16, 16)):  # prefill, decode widths

@@ -29,6 +29,7 @@ import functools
 import torch
 import triton.language as tl
 
+from moe_triton import tma
 from moe_triton.fast_launch import launch
 from moe_triton.kernel_configs import (
     GemmConfig,
@@ -188,7 +189,7 @@ def launch_gemm1(
         HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
-        num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
+        TMA=tma.applies(g.tma, w.scheme, w.weight), num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
@@ -218,6 +219,8 @@ def launch_gemm2(
     if slot_sum is not None and (not r.direct or by_token):
         raise ValueError("GEMM2 sums the slots itself only with direct routing and k > 1")
     a_fp8 = a_scale is not None
+    use_tma = tma.applies(g.tma, w.scheme, w.weight)
+    tma_a = use_tma and not r.direct and a.shape[0] == num_m * r.block_m and tma.rows_ok(a)  # aligned rows
     launch(
         gemm._gemm2, (num_m * cdiv(h, g.block_n) * split_k,),
         a, a_scale if a_fp8 else a, w.weight, w.scale if w.scale is not None else w.weight,
@@ -232,7 +235,8 @@ def launch_gemm2(
         OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
-        SUM_SLOTS=slot_sum is not None, num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
+        SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
+        num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 

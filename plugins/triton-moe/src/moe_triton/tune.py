@@ -30,12 +30,14 @@ import json
 import os
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import triton
 
 from moe_triton import kernel_configs, launch
+from moe_triton import tma as tma_mod
 from moe_triton.compile_pool import Compiler, default_jobs
 from moe_triton.kernel_configs import (
     GemmConfig,
@@ -75,8 +77,9 @@ def swap_worth_trying(scheme: str, block_m: int) -> bool:
     return scheme == "mxfp4" or block_m < 64
 
 
-def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[GemmConfig]]]:
-    """(block_m, gemm candidates) pairs for this regime and scheme."""
+def candidates(scheme: str, rows_per_expert: float, tma: bool = False) -> list[tuple[int, list[GemmConfig]]]:
+    """(block_m, gemm candidates) pairs for this regime and scheme. ``tma``: each tile also with its loads
+    through tensor descriptors (``GemmConfig.tma``; the caller knows whether they apply on its device)."""
     if rows_per_expert <= 16:
         # from 4 rows per expert on average, routing skew gives many experts more than 16: a 32-row block
         # reads their weights once where 16-row blocks read them twice
@@ -99,6 +102,8 @@ def candidates(scheme: str, rows_per_expert: float) -> list[tuple[int, list[Gemm
                 if key not in seen and (not swap or bn >= 64):
                     seen.add(key)
                     gemms.append(GemmConfig(bn, bk, 8 if block_m >= 64 else 1, w, s, swap))
+        if tma and scheme in tma_mod.SCHEMES:
+            gemms += [replace(g, tma=True) for g in gemms]
         out.append((block_m, gemms))
     return out
 
@@ -209,11 +214,12 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     timed).
     """
     scheme, e, k = config.quant_scheme, config.num_experts, config.top_k
+    descriptors = _descriptors(device)
     result = {}
     for m in tokens:
         inputs = _inputs(config, m, device)
         best_total, best = float("inf"), None
-        for block_m, gemms in candidates(scheme, m * k / e):
+        for block_m, gemms in candidates(scheme, m * k / e, descriptors):
             makes = _launches(config, weights, inputs, block_m, device)
             decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
             trials = {}
@@ -224,9 +230,10 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 trials[kind] = _trials(make, gemms, decode, warm)
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
-                c1, c2 = min(trials1[split], key=trials1[split].get), min(trials2[split], key=trials2[split].get)
-                log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {trials1[split][c1] * 1e3:.1f} us {c1}, "
-                    f"gemm2 {trials2[split][c2] * 1e3:.1f} us {c2}")  # fmt: skip
+                t1, t2 = trials1[split], trials2[split]
+                c1, c2 = min(t1, key=t1.get), min(t2, key=t2.get)
+                log(f"  M={m} BLOCK_M={block_m} split_k={split}: gemm1 {t1[c1] * 1e3:.1f} us {c1}, "
+                    f"gemm2 {t2[c2] * 1e3:.1f} us {c2}{_plain_note(t1, t2)}")  # fmt: skip
             # GEMM2 after a quantizing GEMM1 reads codes: timed that way for those pairings
             for quantizing, second in ((False, trials2), (True, trials.get("gemm2_codes"))):
                 if second is None:
@@ -246,6 +253,20 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
         if on_result is not None:
             on_result(m, best)
     return result
+
+
+def _descriptors(device) -> bool:
+    """Whether tiles through tensor descriptors are worth trying here: an SM90+ GPU (``moe_triton.tma``)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def _plain_note(times1: dict, times2: dict) -> str:
+    """The fastest plain-load tiles of both GEMMs where descriptor tiles competed too (what ``tma`` gained)."""
+    plain = [min((t for g, t in ts.items() if not g.tma), default=None) for ts in (times1, times2)]
+    if not any(g.tma for g in times1) or None in plain:
+        return ""
+    return f" (plain loads: gemm1 {plain[0] * 1e3:.1f} us, gemm2 {plain[1] * 1e3:.1f} us)"
 
 
 def _compile_failure(exc: Exception) -> bool:

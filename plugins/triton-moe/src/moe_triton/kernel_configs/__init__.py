@@ -45,7 +45,13 @@ class GemmConfig:
     so the token rows become the MMA's N (Hopper's ``wgmma`` takes 8-wide steps there but needs 64 rows on
     its first operand: a 16-row decode tile in the plain order compiles to Ampere-style ``mma.sync``);
     for MXFP4 that operand may live in registers, so the decoded tile feeds ``wgmma`` without a trip
-    through shared memory."""
+    through shared memory.
+
+    ``tma`` (bf16/fp16 and fp8_block on SM90+, ``launch.tma_applies``): the weight tiles, and GEMM2's
+    intermediate tiles where its rows are the aligned blocks, come in through tensor descriptors (the
+    tensor memory accelerator's bulk copies): no per-element address registers, which the plain loads'
+    pointer tiles spend at large tiles, and copies the software pipeline overlaps with the MMAs. Where
+    it does not apply the plain loads run; the tiles are the same."""
 
     block_n: int = 64
     block_k: int = 64
@@ -53,6 +59,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: bool = False
+    tma: bool = False
 
 
 @dataclass(frozen=True)

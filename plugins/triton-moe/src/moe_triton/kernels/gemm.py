@@ -33,6 +33,8 @@ tile is quantized to fp8 per token per 128 columns on the fly, BLOCK_K = 128);
 decoded into its low half (K rows 0..31 of the chunk) and high half (32..63)
 with bit ops, and two dots consume them — no nibble interleave. ``DECODE_ASM``
 (CUDA + bf16) swaps the Triton bit ops for inline PTX doing 4 bytes at a time.
+With ``TMA`` (schemes 0 and 1) the weight tiles are read through tensor
+descriptors instead of pointer tiles (``moe_triton.tma`` says when it applies).
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ from moe_triton.kernels.operands import (
     SWIGLU_OAI,
     _activate,
     _dense_tile,
+    _dense_tile_tma,
     _mxfp4_chunk,
     _pdl_start,
     _quant_fp8_rows,
+    _rows_desc,
     _rows_tile,
 )
 from moe_triton.kernels.split import _arrive, _sum_partials
@@ -172,6 +176,7 @@ def _gemm1(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
     ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
 
@@ -195,6 +200,9 @@ def _gemm1(
     ``DIRECT`` (decode, no alignment ran): ``block_expert_ptr`` holds the flat expert ids and program
     row block ``pid_m`` is pair ``pid_m`` (``_block_pairs``); the intermediate has one row per pair.
     Program 0 zeroes ``zero_ptr[:num_zero]`` (GEMM2's counters), the alignment's job on the aligned path.
+
+    ``TMA`` (float and fp8_block weights, K-contiguous experts stored back to back): the weight tiles
+    come through a tensor descriptor over ``[E * 2I, K]`` (``_dense_tile_tma``).
     """
     _pdl_start(PDL)
     if DIRECT:
@@ -218,6 +226,9 @@ def _gemm1(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
+    if TMA:
+        w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
+        g_row = (expert * 2 * N_HALF + pid_n * BLOCK_N).to(tl.int32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
@@ -234,10 +245,16 @@ def _gemm1(
                 acc_u = _mma(a_hi, u_hi, acc_u, SWAP_AB, PRECISION)
         else:
             a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
-            bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
-            bu, su = _dense_tile(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                 stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
+            if TMA:
+                bg, sg = _dense_tile_tma(w_desc, g_row, s_ptr, expert, n, n_ok, k0, stride_se, stride_sn,
+                                         stride_sk, SCHEME, SWAP_AB)  # fmt: skip
+                bu, su = _dense_tile_tma(w_desc, g_row + N_HALF, s_ptr, expert, n + N_HALF, n_ok, k0, stride_se,
+                                         stride_sn, stride_sk, SCHEME, SWAP_AB)  # fmt: skip
+            else:
+                bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                                     stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
+                bu, su = _dense_tile(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn,
+                                     stride_wk, stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
@@ -280,6 +297,8 @@ def _gemm1(
     h = _activate(acc_g, acc_u, alpha, limit, ACTIVATION)
     out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + n[None, :] * stride_on
     if OUT_FP8:  # masked columns hold act(0, 0) = 0 and leave their group's amax alone
+        if TMA:  # their weights were not read as zeros
+            h = tl.where(n_ok[None, :], h, 0.0)
         codes, scale = _quant_fp8_rows(tl.reshape(h.to(ROUND), (BLOCK_M, BLOCK_N // 128, 128)))
         tl.store(out, tl.reshape(codes, (BLOCK_M, BLOCK_N)), mask=out_mask)
         g = pid_n * (BLOCK_N // 128) + tl.arange(0, BLOCK_N // 128)
@@ -307,7 +326,8 @@ def _gemm2(
     OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
-    SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False,
+    SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
+    TMA_A: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K`` and ``DIRECT`` as in
     ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes
@@ -317,7 +337,12 @@ def _gemm2(
     program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
     and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
     order and arithmetic of ``_sum_slots``, so no separate launch; the flat ids it skips invalid slots by
-    are ``block_expert_ptr``'s, as direct routing passes them."""
+    are ``block_expert_ptr``'s, as direct routing passes them.
+
+    ``TMA``: the weight tiles through a descriptor over ``[E * H, K]``, as in ``_gemm1``. ``TMA_A``
+    (aligned routing: a block's rows are consecutive rows of ``a``): ``a``'s tiles through a descriptor
+    too; a block's padding rows then hold whatever ``a`` holds there, which reaches only those rows'
+    outputs, never stored."""
     _pdl_start(PDL)
     split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
     expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
@@ -341,6 +366,11 @@ def _gemm2(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
+    if TMA:
+        w_desc = _rows_desc(w_ptr, num_experts * N, K, stride_wn, BLOCK_N, BLOCK_K)
+        w_row = (expert * N + pid_n * BLOCK_N).to(tl.int32)
+    if TMA_A:
+        a_desc = _rows_desc(a_ptr, num_m * BLOCK_M, K, stride_am, BLOCK_M, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
@@ -351,9 +381,16 @@ def _gemm2(
                 acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
                 acc = _mma(a_hi, b_hi, acc, SWAP_AB, PRECISION)
         else:
-            a = _rows_tile(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_am, stride_ak)
-            b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
+            if TMA_A:
+                a = a_desc.load([pid_m * BLOCK_M, k0])
+            else:
+                a = _rows_tile(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_am, stride_ak)
+            if TMA:
+                b, sb = _dense_tile_tma(w_desc, w_row, s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk,
+                                        SCHEME, SWAP_AB)  # fmt: skip
+            else:
+                b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
+                                    stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a

@@ -159,13 +159,43 @@ def _dense_tile(
         mask = n_ok[None, :] & (kk[:, None] < K)
         ptrs = w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk
     tile = tl.load(ptrs, mask=mask, other=0.0)
+    return tile, _col_scale(s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME)
+
+
+@triton.jit
+def _col_scale(s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr):
+    """fp8_block: the scale of each weight row ``n`` in the 128x128 block holding K column ``k0``; 1.0
+    for the float schemes (unused there)."""
     if SCHEME == FP8_BLOCK:
         col_scale = tl.load(
             s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
         )
     else:
         col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
-    return tile, col_scale
+    return col_scale
+
+
+@triton.jit
+def _rows_desc(ptr, rows, K, stride_m, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A tensor descriptor over ``rows`` rows of a K-contiguous ``[rows, K]`` matrix, in
+    ``[BLOCK_ROWS, BLOCK_K]`` tiles: the weights of all experts as one ``[E * N, K]`` matrix, or GEMM2's
+    aligned intermediate. Out-of-range rows and columns of a tile read as zero."""
+    return tl.make_tensor_descriptor(ptr, shape=[rows, K], strides=[stride_m, 1], block_shape=[BLOCK_ROWS, BLOCK_K])
+
+
+@triton.jit
+def _dense_tile_tma(
+    desc, row0, s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr,
+    N_ROWS: tl.constexpr = False,
+):  # fmt: skip
+    """``_dense_tile`` through a weight descriptor (``_rows_desc`` over ``[E * N, K]``): the tile whose first
+    row is ``row0`` (expert ``expert``'s row ``n[0]``). Rows past the ``n`` wanted hold whatever follows (the
+    up half, the next expert, zeros past the last) where plain loads read zeros: the GEMMs mask those
+    columns out of every store, and GEMM1 zeroes them before its fp8 epilogue's group maxima."""
+    tile = desc.load([row0, k0])
+    if not N_ROWS:
+        tile = tl.trans(tile)
+    return tile, _col_scale(s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME)
 
 
 @triton.jit
