@@ -16,6 +16,9 @@ For each token count M it reports, for one MoE block on ``[M, H]``:
   off (``cuda_graph_max_tokens=0``);
 - ``block_graph_us``: the block captured by the caller in one CUDA graph, per replay (CUDA events over
   ``--repeat`` replays); ``block_graph_error`` where the implementation cannot be captured;
+- with ``--compile``, ``block_compiled_us``: the block under ``torch.compile`` (default mode, a fresh
+  compile per implementation and M, ``dynamic=False``), eager wall time as ``block_us``; ``block_compile_s``
+  the first call (tracing and code generation); ``block_compile_error`` where it fails;
 
 and the whole model's eager forward on ``[1, M]`` (prefill) or ``[M, 1]`` (a decode step of a batch of M
 sequences, no KV cache). For every implementation — bf16 transformers ones included, so their spread is the
@@ -143,9 +146,24 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return round(float((got - ref).norm() / ref.norm().clamp_min(1e-30)), 6)
 
 
+def _compiled(row: dict, block, x, repeat: int, device) -> None:
+    """``block_compiled_us`` / ``block_compile_s`` (or ``block_compile_error``) of ``torch.compile(block)`` on ``x``."""
+    torch._dynamo.reset()  # each (implementation, M) traced afresh: no cache-limit fallbacks between rows
+    compiled = torch.compile(block, dynamic=False)
+    try:
+        started = time.perf_counter()
+        compiled(x)
+        _sync(device)
+        row["block_compile_s"] = round(time.perf_counter() - started, 1)
+        row["block_compiled_us"] = round(_median_us(lambda: compiled(x), repeat, device), 1)
+    except Exception as exc:  # a block that does not compile: say why, go on with the row
+        row["block_compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
 def _measure(
-    row: dict, model, reference, block, impl: str, m: int, config, device, repeat: int, profile: bool = False
-) -> None:
+    row: dict, model, reference, block, impl: str, m: int, config, device, repeat: int, profile: bool = False,
+    compile_block: bool = False,
+) -> None:  # fmt: skip
     h = config.hidden_size
     gen = torch.Generator(device=device).manual_seed(m)
     x = torch.randn(1, m, h, device=device, dtype=torch.bfloat16, generator=gen)
@@ -165,6 +183,8 @@ def _measure(
             except Exception as exc:  # an implementation that cannot be captured: say why
                 row["block_graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 torch.cuda.synchronize()
+        if compile_block:
+            _compiled(row, block, x, repeat, device)
         if ours:
             from moe_core.layer import CUDA_GRAPH_MAX_TOKENS
 
@@ -192,6 +212,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", help="cuda (what is measured) or cpu (a smoke run of the tool)")
     p.add_argument(
         "--profile", action="store_true", help="also GPU kernel time and largest kernels per whole-model row"
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="also time each block under torch.compile (block_compiled_us)"
     )
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
@@ -225,7 +248,8 @@ def main(argv=None) -> int:
         for m in tokens:
             row = {"family": args.family, "impl": impl, "M": m}
             try:
-                _measure(row, model, reference, block, impl, m, config, device, args.repeat, args.profile)
+                _measure(row, model, reference, block, impl, m, config, device, args.repeat, args.profile,
+                         args.compile)  # fmt: skip
             except torch.OutOfMemoryError as exc:
                 row["error"] = f"out of memory: {str(exc).splitlines()[0]}"
                 torch.cuda.empty_cache()
