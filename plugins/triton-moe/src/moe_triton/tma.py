@@ -15,6 +15,12 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
+
+try:  # Triton's own record of the allocator (3.4-3.6); another layout: ours is set when none is known
+    from triton.runtime import _allocation
+except ImportError:  # pragma: no cover
+    _allocation = None
 
 #: the schemes whose weight tiles may come through a descriptor
 SCHEMES = frozenset({"fp32", "bf16", "fp16", "fp8_block"})
@@ -57,14 +63,10 @@ def ensure_allocator() -> None:
     """Give Triton ``_scratch`` as its allocator unless one is set in this context (Triton's default
     raises at the launch of a kernel that needs scratch). Triton keeps the allocator in a context
     variable, so each thread that launches gets its own check."""
-    import triton
-
-    try:  # Triton's own record of the allocator (3.4-3.6); another layout: ours is set
-        from triton.runtime import _allocation
-
+    try:
         current = _allocation._allocator.get()
         unset = isinstance(current, _allocation.NullAllocator)
-    except (ImportError, AttributeError):
+    except AttributeError:
         current, unset = None, True
     if current is not _scratch and unset:
         triton.set_allocator(_scratch)
