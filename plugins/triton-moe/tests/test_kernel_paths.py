@@ -237,6 +237,35 @@ def test_mxfp4_expert_with_shifted_scales():
         _check(cfg, weights, 6, _kc(64, split))
 
 
+@pytest.mark.skipif(not CUDA, reason="fp8_block runs on CUDA only: the interpreter has no float8 dot")
+@pytest.mark.parametrize(
+    "block_n,i,swap",
+    [
+        (64, 192, False),  # up half starts mid-block, on a multiple of BLOCK_N: one scalar per tile
+        (128, 192, False),  # up tiles straddle two blocks: a scale load per row
+        (256, 256, False),  # two blocks per tile
+        (256, 320, False),  # up half unaligned for 256-wide tiles
+        (128, 384, True),  # swapped: the scales run down the accumulator's rows
+    ],
+)
+def test_fp8_block_scales_of_every_tile_alignment(block_n, i, swap):
+    """``_col_scale``: each 128-row block of the weights scaled by its own factor (neighbours 2-16x apart, so a
+    tile reading its neighbour's scale is far off), every way an N tile can lie on the scale blocks
+    (``UP_ALIGNED``)."""
+    from moe_core.quant import quantize_weights
+
+    h = 256
+    dense = random_weights(MoeConfig(8, 2, h, i, quant_scheme="bf16", dtype=torch.bfloat16), DEVICE)
+    factors = torch.tensor([1.0, 4.0, 0.5, 2.0, 0.25, 3.0], device=DEVICE)
+    for w in (dense.w13, dense.w2):
+        rows = torch.arange(w.shape[1], device=DEVICE)
+        w.mul_(factors[(rows // 128) % len(factors)][None, :, None])
+    cfg = MoeConfig(8, 2, h, i, quant_scheme="fp8_block", dtype=torch.bfloat16)
+    weights = quantize_weights(dense, "fp8_block")
+    block_m = 16 if swap else 64
+    _check(cfg, weights, 70, _kc(128, 1, block_n, block_m, (swap, swap)))
+
+
 def test_prepared_weights_are_required_for_mxfp4():
     cfg = MoeConfig(4, 2, 64, 64, quant_scheme="mxfp4", dtype=torch.float32)
     w = random_weights(cfg, DEVICE)

@@ -53,13 +53,18 @@ def test_scale_folding_round_trip_with_and_without_shift():
     scale[2, 0, 1] = 0  # all-zero block byte
     scale[3, 5, 2] = 254
     folded, mult = layout.fold_mxfp4_scale(scale)
-    assert folded.dtype == torch.bfloat16 and folded.shape == (4, 4, 6)
-    assert torch.isfinite(folded).all()
+    assert folded.dtype == torch.int32 and folded.shape == (4, 2, 6)  # 4 groups (K padded to 128) in 2 pairs
+    groups = layout.scale_groups(folded)
+    assert groups.dtype == torch.bfloat16 and groups.shape == (4, 6, 4)
+    assert torch.isfinite(groups).all()
+    # each word: the chunk's even group in its low 16 bits, the odd group in its high 16 bits
+    bits = groups.view(torch.int16).to(torch.int32) & 0xFFFF
+    assert torch.equal(folded.transpose(1, 2), bits[..., 0::2] | (bits[..., 1::2] << 16))
     assert mult.tolist() == [1.0, 2.0**12, 1.0, 2.0**126]
     assert torch.equal(layout.unfold_mxfp4_scale(folded, mult, 3), scale)
     # folded * mult * 2**-126 is the UE8M0 value, exactly
     want = ue8m0_to_float(scale).double()
-    got = folded.double().transpose(1, 2)[..., :3] * mult.double()[:, None, None] * 2.0**-126
+    got = groups.double()[..., :3] * mult.double()[:, None, None] * 2.0**-126
     assert torch.equal(got, want)
 
 
@@ -67,7 +72,8 @@ def test_nan_scale_stays_nan():
     scale = torch.full((1, 2, 2), 120, dtype=torch.uint8)
     scale[0, 1, 1] = 255
     folded, mult = layout.fold_mxfp4_scale(scale)
-    assert torch.isnan(folded[0, 1, 1]) and torch.isfinite(folded[0, :, 0]).all() and mult.item() == 1.0
+    groups = layout.scale_groups(folded)
+    assert torch.isnan(groups[0, 1, 1]) and torch.isfinite(groups[0, :, 0]).all() and mult.item() == 1.0
 
 
 @pytest.mark.parametrize("k", [96, 256])
@@ -82,7 +88,7 @@ def test_prepared_weights_decode_to_the_canonical_dequantization(k):
     hi = layout.e2m1_bits_bf16(prepared >> 4).double()
     e, n, _ = prepared.shape
     chunks = torch.stack((lo.view(e, n, -1, 32), hi.view(e, n, -1, 32)), dim=3).reshape(e, n, -1)  # canonical k order
-    s = folded.double().transpose(1, 2).repeat_interleave(32, dim=2) * mult.double()[:, None, None]
+    s = layout.scale_groups(folded).double().repeat_interleave(32, dim=2) * mult.double()[:, None, None]
     decoded = (chunks * s)[..., :k]
     assert torch.equal(decoded, dequantize_mxfp4(packed, scale, torch.float64))
 

@@ -20,7 +20,7 @@ from moe_triton.kernels import align, gemm
 
 target = GPUTarget("cuda", 90, 32)
 DUMP = Path(sys.argv[sys.argv.index("--dump") + 1]) if "--dump" in sys.argv else None
-WEIGHTS = {0: ("bf16", "bf16"), 1: ("fp8e4nv", "fp32"), 2: ("u8", "bf16")}  # scheme -> (weight, scale) dtypes
+WEIGHTS = {0: ("bf16", "bf16"), 1: ("fp8e4nv", "fp32"), 2: ("u8", "i32")}  # scheme -> (weight, scale) dtypes
 
 
 def sig_of(fn, types, constexprs):
@@ -79,16 +79,16 @@ def weight_types(scheme, dt):
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
           swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False, tma=False,
-          num_warps=4):  # fmt: skip
+          num_warps=4, up_aligned=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
-             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma)  # fmt: skip
+             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma, UP_ALIGNED=up_aligned)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}"
-           f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}")  # fmt: skip
+           f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}{'_upal' if up_aligned else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     fp8_names = {"x_ptr"} if a_fp8 else set()
     fp8_names |= {"out_ptr"} if out_fp8 else set()
@@ -197,6 +197,11 @@ for block_n, block_m, warps in ((128, 64, 4), (256, 64, 8)):  # fp8_block: codes
     gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, tma=True, tma_a=True, num_warps=warps)
 gemm1(1, 0, False, 1, tma=True)
 gemm2(1, True, split=4, tma=True, tma_a=True)
+# fp8_block with the up half's scales read as scalars (I a multiple of min(BLOCK_N, 128)): 1 and 2 blocks a tile
+for block_n, block_m, swap, warps in ((128, 64, False, 4), (256, 64, False, 8), (64, 16, True, 4)):
+    gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, swap=swap, num_warps=warps, up_aligned=True)
+gemm1(1, 0, True, 1, block_n=256, block_m=64, a_fp8=True, out_fp8=True, num_warps=8, up_aligned=True, tma=True)
+gemm1(1, 0, False, 4, up_aligned=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)

@@ -19,7 +19,7 @@ The op's schema is flat (tensors and scalars, as ``torch.library`` needs); it
 builds the launch bundles of ``moe_triton.launch_args`` once and
 ``run_fused_moe`` and the GEMM launches take those. Weights are the prepared
 ones (``moe_triton.layout.TritonWeights``): for mxfp4 the chunked packed
-layout, folded bf16 scales ``[E, Kp/32, N]`` and the per-expert multipliers.
+layout, folded scale pairs ``[E, Kp/64, N]`` and the per-expert multipliers.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ ACTIVATION_IDS = {"silu": gemm.SILU, "gelu": gemm.GELU, "swiglu_oai": gemm.SWIGL
 
 
 def _scale_strides(s: torch.Tensor | None, scheme: str) -> tuple[int, int, int]:
-    """(expert, n, k) strides of a scale tensor; mxfp4's prepared scales are stored ``[E, K-group, N]``."""
+    """(expert, n, k) strides of a scale tensor; mxfp4's prepared scales are stored ``[E, K-chunk, N]``."""
     if s is None:
         return (0, 0, 0)
     if scheme == "mxfp4":
@@ -189,7 +189,9 @@ def launch_gemm1(
         HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
-        TMA=tma.applies(g.tma, w.scheme, w.weight), num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
+        TMA=tma.applies(g.tma, w.scheme, w.weight),
+        UP_ALIGNED=w.scheme == "fp8_block" and inter % min(g.block_n, 128) == 0,
+        num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
 
@@ -250,10 +252,10 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 
 def _check_prepared(w13: GemmWeights) -> None:
-    if w13.scheme == "mxfp4" and (w13.scale is None or w13.scale.dtype != torch.bfloat16 or w13.mult is None):
+    if w13.scheme == "mxfp4" and (w13.scale is None or w13.scale.dtype != torch.int32 or w13.mult is None):
         raise ValueError(
             "moe_triton::fused_moe needs mxfp4 weights in the prepared layout (moe_triton.layout.prepare_weights: "
-            "chunked packed bytes, folded bf16 scales and w13_mult/w2_mult), not the canonical uint8 scales"
+            "chunked packed bytes, folded scale pairs and w13_mult/w2_mult), not the canonical uint8 scales"
         )
 
 

@@ -21,7 +21,7 @@ class GemmWeights(NamedTuple):
     """The weight side of one GEMM in the kernels' layout (``moe_triton.layout``).
 
     ``scheme`` says how ``weight`` and ``scale`` are stored (``scale`` is None for the float schemes;
-    mxfp4's is the folded bf16 ``[E, Kp/32, N]``); ``mult`` is mxfp4's per-expert fp32 multiplier of the
+    mxfp4's the folded scale pairs ``[E, Kp/64, N]``); ``mult`` is mxfp4's per-expert fp32 multiplier of the
     folded scales (None elsewhere); ``bias`` is ``[E, N]`` or None.
     """
 

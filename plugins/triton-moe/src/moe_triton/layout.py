@@ -12,8 +12,12 @@ is re-laid out so the GEMM main loop needs no nibble interleave (join/reshape):
   Every low nibble of a chunk belongs to one MX scale group (the chunk's even
   group), every high nibble to the next one, so each half tile is scaled by one
   ``[N]`` row: no reshape of the scales either.
-- **scale** ``[E, Kp/32, N]`` bf16 (transposed so a group's ``[N]`` row is one
-  contiguous load), value ``2**(s - 1 - D_e)`` for UE8M0 byte ``s``. The kernel
+- **scale** ``[E, Kp/64, N]`` int32: per chunk and weight row, the folded bf16
+  scales of the chunk's two groups as one 32-bit word (the even group, the low
+  nibbles', in its low half). One 4-byte load per row and chunk is what lets
+  Triton's pipeliner stage the scales through shared memory with the weight
+  bytes (it leaves loads narrower than 32 bits in the loop, where every
+  iteration waits for them). Folded value ``2**(s - 1 - D_e)`` for UE8M0 byte ``s``. The kernel
   decodes E2M1 with bit ops only: ``(sign << 15) | (mag << 6)`` read as bf16 is
   ``value * 2**-126`` for all 16 codes (the subnormal 0.5 included), so the
   ``2**126`` is folded into the scale here.
@@ -97,7 +101,7 @@ def unpermute_mxfp4_packed(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def fold_mxfp4_scale(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """UE8M0 ``[E, N, K/32]`` -> (folded bf16 ``[E, Kp/32, N]``, per-expert fp32 ``2**D_e`` ``[E]``)."""
+    """UE8M0 ``[E, N, K/32]`` -> (folded pairs int32 ``[E, Kp/64, N]``, per-expert fp32 ``2**D_e`` ``[E]``)."""
     groups = scale.shape[2]
     kp_groups = -(-groups * 32 // MXFP4_CHUNK) * MXFP4_CHUNK // 32
     s = scale.to(torch.int32)
@@ -108,12 +112,21 @@ def fold_mxfp4_scale(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     folded = pow2_float32(exponent)
     folded = torch.where(finite, folded, torch.full_like(folded, float("nan"))).to(torch.bfloat16)
     folded = torch.nn.functional.pad(folded, (0, kp_groups - groups))
-    return folded.transpose(1, 2).contiguous(), pow2_float32(shift).contiguous()
+    e, n, _ = folded.shape
+    pairs = folded.reshape(e, n, kp_groups // 2, 2).transpose(1, 2).contiguous()  # [E, Kp/64, N, 2]
+    return pairs.view(torch.int32).reshape(e, kp_groups // 2, n), pow2_float32(shift).contiguous()
+
+
+def scale_groups(folded: torch.Tensor) -> torch.Tensor:
+    """The folded bf16 scales ``[E, N, Kp/32]`` (group order) of ``fold_mxfp4_scale``'s paired words."""
+    e, chunks, n = folded.shape
+    pairs = folded.contiguous().view(torch.bfloat16).reshape(e, chunks, n, 2)
+    return pairs.transpose(1, 2).reshape(e, n, 2 * chunks)
 
 
 def unfold_mxfp4_scale(folded: torch.Tensor, mult: torch.Tensor, groups: int) -> torch.Tensor:
     """Inverse of ``fold_mxfp4_scale`` for finite scales: UE8M0 bytes ``[E, N, groups]``."""
-    _, exp = torch.frexp(folded.float().transpose(1, 2)[..., :groups])  # 2**x has frexp exponent x + 1
+    _, exp = torch.frexp(scale_groups(folded).float()[..., :groups])  # 2**x has frexp exponent x + 1
     _, shift = torch.frexp(mult)
     s = exp - 1 + UE8M0_BIAS - E2M1_BITS_SHIFT + (shift - 1)[:, None, None]
     return s.to(torch.uint8)

@@ -53,6 +53,7 @@ from moe_triton.kernels.operands import (
     SILU,
     SWIGLU_OAI,
     _activate,
+    _col_scale,
     _dense_tile,
     _dense_tile_tma,
     _mxfp4_chunk,
@@ -176,9 +177,9 @@ def _gemm1(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
     ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM1. MXFP4 scale strides are (expert, group, n) of the prepared ``[E, Kp/32, N]`` scales.
+    """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
 
     ``SPLIT_K > 1``: ``part_ptr`` is the fp32 workspace ``[SPLIT_K, rows, 2I]`` and ``count_ptr`` one int32
     arrival counter per (row block, N tile), zero at launch; see ``kernels.split``.
@@ -203,6 +204,10 @@ def _gemm1(
 
     ``TMA`` (float and fp8_block weights, K-contiguous experts stored back to back): the weight tiles
     come through a tensor descriptor over ``[E * 2I, K]`` (``_dense_tile_tma``).
+
+    ``UP_ALIGNED`` (fp8_block): I is a multiple of ``min(BLOCK_N, 128)``, so the up half's tiles lie in
+    whole 128-row scale blocks as the gate's always do, and both read their scales as scalars
+    (``_col_scale``).
     """
     _pdl_start(PDL)
     if DIRECT:
@@ -216,8 +221,10 @@ def _gemm1(
         return
     rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
     token = (pair // TOP_K).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n0 = pid_n * BLOCK_N
+    n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N_HALF
+    n_blocks = tl.cdiv(2 * N_HALF, 128)  # fp8_block: the scales' 128-row blocks of w13
     dot_dtype = x_ptr.dtype.element_ty
     if SWAP_AB:
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -246,16 +253,17 @@ def _gemm1(
         else:
             a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
             if TMA:
-                bg, sg = _dense_tile_tma(w_desc, g_row, s_ptr, expert, n, n_ok, k0, stride_se, stride_sn,
-                                         stride_sk, SCHEME, SWAP_AB)  # fmt: skip
-                bu, su = _dense_tile_tma(w_desc, g_row + N_HALF, s_ptr, expert, n + N_HALF, n_ok, k0, stride_se,
-                                         stride_sn, stride_sk, SCHEME, SWAP_AB)  # fmt: skip
+                bg = _dense_tile_tma(w_desc, g_row, k0, SWAP_AB)
+                bu = _dense_tile_tma(w_desc, g_row + N_HALF, k0, SWAP_AB)
             else:
-                bg, sg = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                     stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
-                bu, su = _dense_tile(w_ptr, s_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn,
-                                     stride_wk, stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
+                bg = _dense_tile(w_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K, SWAP_AB)
+                bu = _dense_tile(w_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K,
+                                 SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
+                sg = _col_scale(s_ptr, expert, n, n_ok, n0, n_blocks, k0, stride_se, stride_sn, stride_sk, SCHEME,
+                                True)  # fmt: skip
+                su = _col_scale(s_ptr, expert, n + N_HALF, n_ok, n0 + N_HALF, n_blocks, k0, stride_se, stride_sn,
+                                stride_sk, SCHEME, UP_ALIGNED)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(xs_ptr + token * stride_xsm + k0 // 128, mask=row_ok, other=0.0)
@@ -386,12 +394,12 @@ def _gemm2(
             else:
                 a = _rows_tile(a_ptr, rows, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_am, stride_ak)
             if TMA:
-                b, sb = _dense_tile_tma(w_desc, w_row, s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk,
-                                        SCHEME, SWAP_AB)  # fmt: skip
+                b = _dense_tile_tma(w_desc, w_row, k0, SWAP_AB)
             else:
-                b, sb = _dense_tile(w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk,
-                                    stride_se, stride_sn, stride_sk, SCHEME, BLOCK_K, SWAP_AB)  # fmt: skip
+                b = _dense_tile(w_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K, SWAP_AB)
             if SCHEME == FP8_BLOCK:
+                sb = _col_scale(s_ptr, expert, n, n_ok, pid_n * BLOCK_N, tl.cdiv(N, 128), k0, stride_se, stride_sn,
+                                stride_sk, SCHEME, True)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k0 // 128, mask=row_ok, other=0.0)

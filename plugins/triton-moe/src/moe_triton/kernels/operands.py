@@ -120,16 +120,21 @@ def _mxfp4_chunk(
     """Both halves ``[32, BLOCK_N]`` of the prepared MXFP4 chunk starting at K row ``kc`` (a multiple of 64).
 
     One byte load feeds both halves; each half is scaled by one ``[N]`` row of
-    folded scales (group ``kc/32`` for the low half, the next for the high).
+    folded scales (group ``kc/32`` for the low half, the next for the high),
+    both from one 32-bit word per row (``moe_triton.layout``): bf16 bits shifted
+    into the top of a fp32 are the same value, so no bf16 arithmetic is needed.
     ``DECODE_ASM`` (CUDA, bf16 only) decodes with inline PTX instead of Triton bit ops.
     ``N_ROWS`` returns ``[BLOCK_N, 32]`` halves instead (the swapped-operand GEMMs), loaded that way
     round, so the decode runs in whatever register layout the MMA wants for its first operand.
     """
     byte = kc // 2 + tl.arange(0, HALF)
     s_ok = n_ok & (kc + 0 * n < K)  # a tensor compare: the interpreter cannot mask with tensor & scalar bool
-    s_row = s_ptr + expert * stride_se + (kc // 32) * stride_sg + n * stride_sn
-    s_lo = tl.load(s_row, mask=s_ok, other=0.0)
-    s_hi = tl.load(s_row + stride_sg, mask=s_ok, other=0.0)
+    pair = tl.load(s_ptr + expert * stride_se + (kc // CHUNK) * stride_sg + n * stride_sn, mask=s_ok, other=0)
+    s_lo = (pair << 16).to(tl.float32, bitcast=True)
+    s_hi = (pair & -65536).to(tl.float32, bitcast=True)
+    if DTYPE == tl.bfloat16:  # exact: the low 16 bits are zero
+        s_lo = s_lo.to(tl.bfloat16)
+        s_hi = s_hi.to(tl.bfloat16)
     if N_ROWS:  # [N, 32] tiles: everything indexed by n runs down the rows
         n2, byte2, s_ok2, s_lo, s_hi = n[:, None], byte[None, :], s_ok[:, None], s_lo[:, None], s_hi[:, None]
     else:
@@ -146,11 +151,11 @@ def _mxfp4_chunk(
 
 @triton.jit
 def _dense_tile(
-    w_ptr, s_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    SCHEME: tl.constexpr, BLOCK_K: tl.constexpr, N_ROWS: tl.constexpr = False,
+    w_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K: tl.constexpr,
+    N_ROWS: tl.constexpr = False,
 ):  # fmt: skip
-    """One ``[BLOCK_K, BLOCK_N]`` weight tile (rows ``n`` of ``[N, K]``, transposed) and, for fp8, its column
-    scale; ``N_ROWS`` loads it ``[BLOCK_N, BLOCK_K]`` (as stored) for the swapped-operand GEMMs."""
+    """One ``[BLOCK_K, BLOCK_N]`` weight tile (rows ``n`` of ``[N, K]``, transposed); ``N_ROWS`` loads it
+    ``[BLOCK_N, BLOCK_K]`` (as stored) for the swapped-operand GEMMs."""
     kk = k0 + tl.arange(0, BLOCK_K)
     if N_ROWS:
         mask = n_ok[:, None] & (kk[None, :] < K)
@@ -158,18 +163,33 @@ def _dense_tile(
     else:
         mask = n_ok[None, :] & (kk[:, None] < K)
         ptrs = w_ptr + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk
-    tile = tl.load(ptrs, mask=mask, other=0.0)
-    return tile, _col_scale(s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
-def _col_scale(s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr):
-    """fp8_block: the scale of each weight row ``n`` in the 128x128 block holding K column ``k0``; 1.0
-    for the float schemes (unused there)."""
+def _col_scale(
+    s_ptr, expert, n, n_ok, n0, n_blocks, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """fp8_block: the scale of each weight row ``n`` (``n0`` the tile's first, ``n_blocks`` the scale
+    tensor's 128-row blocks) in the 128x128 block holding K column ``k0``; 1.0 for the float schemes.
+
+    ``ALIGNED``: the tile starts on a multiple of its width (at most 128) or of 128, so its rows lie in
+    one scale block (two for a 256-row tile, split at row 128): one or two scalar loads per K block.
+    Otherwise every row's scale is loaded — one load per row a thread holds, each waited for in the K
+    loop (Triton stages only the MMA's operands), which is what makes the aligned case worth having."""
     if SCHEME == FP8_BLOCK:
-        col_scale = tl.load(
-            s_ptr + expert * stride_se + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0
-        )
+        base = s_ptr + expert * stride_se + (k0 // 128) * stride_sk
+        if ALIGNED:
+            BN: tl.constexpr = n.shape[0]
+            first = n0 // 128
+            col_scale = tl.full((BN,), 1.0, tl.float32) * tl.load(base + first * stride_sn)
+            if BN > 128:
+                tl.static_assert(BN == 256, "an aligned fp8_block tile spans at most two scale blocks")
+                second = tl.load(base + (first + 1) * stride_sn, mask=first + 1 < n_blocks, other=0.0)
+                col_scale = tl.where(tl.arange(0, BN) < 128, col_scale, second)
+        else:
+            col_scale = tl.load(base + (n // 128) * stride_sn, mask=n_ok, other=0.0)
     else:
         col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
     return col_scale
@@ -184,18 +204,15 @@ def _rows_desc(ptr, rows, K, stride_m, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.con
 
 
 @triton.jit
-def _dense_tile_tma(
-    desc, row0, s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr,
-    N_ROWS: tl.constexpr = False,
-):  # fmt: skip
+def _dense_tile_tma(desc, row0, k0, N_ROWS: tl.constexpr = False):
     """``_dense_tile`` through a weight descriptor (``_rows_desc`` over ``[E * N, K]``): the tile whose first
-    row is ``row0`` (expert ``expert``'s row ``n[0]``). Rows past the ``n`` wanted hold whatever follows (the
-    up half, the next expert, zeros past the last) where plain loads read zeros: the GEMMs mask those
-    columns out of every store, and GEMM1 zeroes them before its fp8 epilogue's group maxima."""
+    row is ``row0``. Rows past the ones wanted hold whatever follows (the up half, the next expert, zeros
+    past the last) where plain loads read zeros: the GEMMs mask those columns out of every store, and
+    GEMM1 zeroes them before its fp8 epilogue's group maxima."""
     tile = desc.load([row0, k0])
     if not N_ROWS:
         tile = tl.trans(tile)
-    return tile, _col_scale(s_ptr, expert, n, n_ok, k0, stride_se, stride_sn, stride_sk, SCHEME)
+    return tile
 
 
 @triton.jit
