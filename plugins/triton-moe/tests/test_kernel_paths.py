@@ -243,8 +243,8 @@ def test_mxfp4_expert_with_shifted_scales():
     [
         (64, 192, False),  # up half starts mid-block, on a multiple of BLOCK_N: one scalar per tile
         (128, 192, False),  # up tiles straddle two blocks: a scale load per row
-        (256, 256, False),  # two blocks per tile
-        (256, 320, False),  # up half unaligned for 256-wide tiles
+        (128, 256, False),  # every tile one block: scalars for gate and up
+        (256, 256, False),  # two blocks per tile: per-row loads
         (128, 384, True),  # swapped: the scales run down the accumulator's rows
     ],
 )

@@ -197,10 +197,10 @@ for block_n, block_m, warps in ((128, 64, 4), (256, 64, 8)):  # fp8_block: codes
     gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, tma=True, tma_a=True, num_warps=warps)
 gemm1(1, 0, False, 1, tma=True)
 gemm2(1, True, split=4, tma=True, tma_a=True)
-# fp8_block with the up half's scales read as scalars (I a multiple of min(BLOCK_N, 128)): 1 and 2 blocks a tile
+# fp8_block with the up half's scales read as scalars (I a multiple of BLOCK_N <= 128; wider tiles load per row)
 for block_n, block_m, swap, warps in ((128, 64, False, 4), (256, 64, False, 8), (64, 16, True, 4)):
     gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, swap=swap, num_warps=warps, up_aligned=True)
-gemm1(1, 0, True, 1, block_n=256, block_m=64, a_fp8=True, out_fp8=True, num_warps=8, up_aligned=True, tma=True)
+gemm1(1, 0, True, 1, block_n=128, block_m=64, a_fp8=True, out_fp8=True, num_warps=8, up_aligned=True, tma=True)
 gemm1(1, 0, False, 4, up_aligned=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)

@@ -190,7 +190,7 @@ def launch_gemm1(
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         TMA=tma.applies(g.tma, w.scheme, w.weight),
-        UP_ALIGNED=w.scheme == "fp8_block" and inter % min(g.block_n, 128) == 0,
+        UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

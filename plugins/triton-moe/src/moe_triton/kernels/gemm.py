@@ -205,8 +205,8 @@ def _gemm1(
     ``TMA`` (float and fp8_block weights, K-contiguous experts stored back to back): the weight tiles
     come through a tensor descriptor over ``[E * 2I, K]`` (``_dense_tile_tma``).
 
-    ``UP_ALIGNED`` (fp8_block): I is a multiple of ``min(BLOCK_N, 128)``, so the up half's tiles lie in
-    whole 128-row scale blocks as the gate's always do, and both read their scales as scalars
+    ``UP_ALIGNED`` (fp8_block): I is a multiple of BLOCK_N, so each up-half tile of at most 128 rows lies
+    in one 128-row scale block as every gate tile does, and both read their scales as scalars
     (``_col_scale``).
     """
     _pdl_start(PDL)
@@ -224,7 +224,6 @@ def _gemm1(
     n0 = pid_n * BLOCK_N
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N_HALF
-    n_blocks = tl.cdiv(2 * N_HALF, 128)  # fp8_block: the scales' 128-row blocks of w13
     dot_dtype = x_ptr.dtype.element_ty
     if SWAP_AB:
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -260,10 +259,9 @@ def _gemm1(
                 bu = _dense_tile(w_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K,
                                  SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
-                sg = _col_scale(s_ptr, expert, n, n_ok, n0, n_blocks, k0, stride_se, stride_sn, stride_sk, SCHEME,
-                                True)  # fmt: skip
-                su = _col_scale(s_ptr, expert, n + N_HALF, n_ok, n0 + N_HALF, n_blocks, k0, stride_se, stride_sn,
-                                stride_sk, SCHEME, UP_ALIGNED)  # fmt: skip
+                sg = _col_scale(s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, SCHEME, True)
+                su = _col_scale(s_ptr, expert, n + N_HALF, n_ok, n0 + N_HALF, k0, stride_se, stride_sn, stride_sk,
+                                SCHEME, UP_ALIGNED)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(xs_ptr + token * stride_xsm + k0 // 128, mask=row_ok, other=0.0)
@@ -398,8 +396,8 @@ def _gemm2(
             else:
                 b = _dense_tile(w_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K, SWAP_AB)
             if SCHEME == FP8_BLOCK:
-                sb = _col_scale(s_ptr, expert, n, n_ok, pid_n * BLOCK_N, tl.cdiv(N, 128), k0, stride_se, stride_sn,
-                                stride_sk, SCHEME, True)  # fmt: skip
+                sb = _col_scale(s_ptr, expert, n, n_ok, pid_n * BLOCK_N, k0, stride_se, stride_sn, stride_sk, SCHEME,
+                                True)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k0 // 128, mask=row_ok, other=0.0)

@@ -168,26 +168,20 @@ def _dense_tile(
 
 @triton.jit
 def _col_scale(
-    s_ptr, expert, n, n_ok, n0, n_blocks, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip
-    """fp8_block: the scale of each weight row ``n`` (``n0`` the tile's first, ``n_blocks`` the scale
-    tensor's 128-row blocks) in the 128x128 block holding K column ``k0``; 1.0 for the float schemes.
+    """fp8_block: the scale of each weight row ``n`` (``n0`` the tile's first) in the 128x128 block holding K
+    column ``k0``; 1.0 for the float schemes.
 
-    ``ALIGNED``: the tile starts on a multiple of its width (at most 128) or of 128, so its rows lie in
-    one scale block (two for a 256-row tile, split at row 128): one or two scalar loads per K block.
-    Otherwise every row's scale is loaded — one load per row a thread holds, each waited for in the K
-    loop (Triton stages only the MMA's operands), which is what makes the aligned case worth having."""
+    ``ALIGNED`` (and at most 128 rows): the tile starts on a multiple of its width, so its rows lie in one
+    scale block: one scalar load per K block. Otherwise every row's scale is loaded — one load per row a
+    thread holds, each waited for in the K loop (Triton stages only the MMA's operands). Wider tiles keep
+    the per-row loads: a vector of two blocks' scales (a select per column) stays live across the loop
+    and pushes those 255-register tiles into spilling."""
     if SCHEME == FP8_BLOCK:
         base = s_ptr + expert * stride_se + (k0 // 128) * stride_sk
-        if ALIGNED:
-            BN: tl.constexpr = n.shape[0]
-            first = n0 // 128
-            col_scale = tl.full((BN,), 1.0, tl.float32) * tl.load(base + first * stride_sn)
-            if BN > 128:
-                tl.static_assert(BN == 256, "an aligned fp8_block tile spans at most two scale blocks")
-                second = tl.load(base + (first + 1) * stride_sn, mask=first + 1 < n_blocks, other=0.0)
-                col_scale = tl.where(tl.arange(0, BN) < 128, col_scale, second)
+        if ALIGNED and n.shape[0] <= 128:
+            col_scale = tl.full((n.shape[0],), 1.0, tl.float32) * tl.load(base + (n0 // 128) * stride_sn)
         else:
             col_scale = tl.load(base + (n // 128) * stride_sn, mask=n_ok, other=0.0)
     else:
