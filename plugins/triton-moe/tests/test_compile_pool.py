@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from moe_core.presets import PRESETS
-from moe_triton import compile_pool
+from moe_triton import compile_pool, tune
 from moe_triton.kernel_configs import GemmConfig
+from moe_triton.layout import TritonWeights
 
 pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()
@@ -22,6 +23,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 SCHEME, DTYPE = ("bf16", torch.bfloat16) if CUDA else ("fp32", torch.float32)
 CONFIG = PRESETS["tiny"].config(SCHEME, DTYPE)
 GOOD = GemmConfig(block_n=64, block_k=32, group_m=1, num_warps=4, num_stages=2)
+SHAPES = tune.prepare_weights_for(CONFIG, DEVICE).shapes()
 
 
 def test_default_jobs_reads_the_variable_and_rejects_nonsense(monkeypatch):
@@ -36,17 +38,36 @@ def test_default_jobs_reads_the_variable_and_rejects_nonsense(monkeypatch):
 
 
 def test_warm_one_launches_a_candidate_and_reports_a_failure():
-    job = (CONFIG, 5, 16, "gemm1", GOOD, 1, DEVICE)
+    job = (CONFIG, SHAPES, 5, 16, "gemm1", GOOD, 1, DEVICE)
     assert compile_pool.warm_one(job) is None
-    assert compile_pool.warm_one((CONFIG, 5, 16, "gemm2", GOOD, 2, DEVICE)) is None  # split-K scratch too
+    assert compile_pool.warm_one((CONFIG, SHAPES, 5, 16, "gemm2", GOOD, 2, DEVICE)) is None  # split-K scratch too
     bad = GemmConfig(block_n=48, block_k=32, group_m=1, num_warps=4, num_stages=2)  # not a power of two
-    err = compile_pool.warm_one((CONFIG, 5, 16, "gemm1", bad, 1, DEVICE))
+    err = compile_pool.warm_one((CONFIG, SHAPES, 5, 16, "gemm1", bad, 1, DEVICE))
     assert err is not None and err.startswith("gemm1 ") and "split 1" in err
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", SCHEME])
+def test_a_worker_builds_zeros_of_the_tuners_layout_not_random_weights(scheme, monkeypatch):
+    """Workers compile from zero weights of the prepared layout (the values never reach compilation):
+    same fields, shapes, strides and dtypes; drawing random weights (float32 first) is never asked for."""
+    dtype = torch.float16 if scheme == "mxfp4" and not CUDA else DTYPE
+    config = PRESETS["tiny"].config(scheme, dtype)
+    prepared = tune.prepare_weights_for(config, DEVICE)
+    zeros = TritonWeights.zeros(prepared.shapes(), DEVICE)
+    assert zeros.shapes() == prepared.shapes() and zeros.scheme == scheme
+    assert not zeros.w13.any() and (scheme != "mxfp4" or zeros.w13_scale.dtype == torch.int32)
+
+    def no_random(*a, **k):
+        raise AssertionError("a worker drew random weights")
+
+    monkeypatch.setattr(tune, "prepare_weights_for", no_random)
+    monkeypatch.setattr(compile_pool, "_STATE", {})
+    assert compile_pool.warm_one((config, prepared.shapes(), 5, 16, "gemm1", GOOD, 1, DEVICE)) is None
 
 
 def test_a_pool_of_no_workers_does_nothing():
     with compile_pool.Compiler(1, DEVICE) as c:
-        assert c.pool is None and c.warm(CONFIG, 5, 16, "gemm1", [(GOOD, 1)]) == []
+        assert c.pool is None and c.warm(CONFIG, SHAPES, 5, 16, "gemm1", [(GOOD, 1)]) == []
 
 
 def test_workers_launch_each_pair_and_return_the_failures():
@@ -54,7 +75,7 @@ def test_workers_launch_each_pair_and_return_the_failures():
     lines = []
     with compile_pool.Compiler(2, DEVICE, log=lines.append) as c:
         assert c.pool is not None and compile_pool.JOBS_VAR in lines[0]
-        errors = c.warm(CONFIG, 5, 16, "gemm1", [(GOOD, 1), (bad, 1), (GOOD, 2)])
+        errors = c.warm(CONFIG, SHAPES, 5, 16, "gemm1", [(GOOD, 1), (bad, 1), (GOOD, 2)])
     assert len(errors) == 1 and "block_n=48" in errors[0]
     assert c.pool is None  # closed on exit
 
@@ -67,8 +88,8 @@ def test_a_broken_pool_warns_and_tuning_goes_on_without_it(monkeypatch):
 
     monkeypatch.setattr(c.pool, "map", broken)
     with pytest.warns(RuntimeWarning, match="without compile workers"):
-        assert c.warm(CONFIG, 5, 16, "gemm1", [(GOOD, 1)]) == []
-    assert c.pool is None and c.warm(CONFIG, 5, 16, "gemm1", [(GOOD, 1)]) == []
+        assert c.warm(CONFIG, SHAPES, 5, 16, "gemm1", [(GOOD, 1)]) == []
+    assert c.pool is None and c.warm(CONFIG, SHAPES, 5, 16, "gemm1", [(GOOD, 1)]) == []
 
 
 def test_a_worker_out_of_memory_ends_the_pool_not_the_tuning(monkeypatch):
@@ -80,7 +101,7 @@ def test_a_worker_out_of_memory_ends_the_pool_not_the_tuning(monkeypatch):
 
     monkeypatch.setattr(c.pool, "map", out_of_memory)
     with pytest.warns(RuntimeWarning, match=f"share of GPU memory.*{compile_pool.JOBS_VAR}"):
-        assert c.warm(CONFIG, 5, 16, "gemm2", [(GOOD, 1), (GOOD, 8)]) == []
+        assert c.warm(CONFIG, SHAPES, 5, 16, "gemm2", [(GOOD, 1), (GOOD, 8)]) == []
     assert c.pool is None
 
 
@@ -102,11 +123,9 @@ def test_a_worker_out_of_memory_is_raised_not_reported(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.63 GiB.")
 
     monkeypatch.setattr(compile_pool, "_STATE", {})
-    from moe_triton import tune
-
-    monkeypatch.setattr(tune, "prepare_weights_for", no_memory)
+    monkeypatch.setattr(TritonWeights, "zeros", no_memory)
     with pytest.raises(torch.OutOfMemoryError, match="2.63 GiB"):
-        compile_pool.warm_one((CONFIG, 5, 16, "gemm1", GOOD, 1, DEVICE))
+        compile_pool.warm_one((CONFIG, SHAPES, 5, 16, "gemm1", GOOD, 1, DEVICE))
 
 
 @pytest.mark.gpu
@@ -117,8 +136,8 @@ def test_a_candidate_a_worker_built_compiles_nothing_in_the_tuner(tmp_path, monk
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # inherited by the spawned workers
     g = GemmConfig(block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=3, swap_ab=True)
     with compile_pool.Compiler(2, DEVICE, log=lambda line: None) as c:
-        assert c.warm(CONFIG, 7, 16, "gemm1", [(g, 1), (g, 2)]) == []
-        assert c.warm(CONFIG, 7, 16, "gemm2", [(g, 1)]) == []
+        assert c.warm(CONFIG, SHAPES, 7, 16, "gemm1", [(g, 1), (g, 2)]) == []
+        assert c.warm(CONFIG, SHAPES, 7, 16, "gemm2", [(g, 1)]) == []
 
     def files():
         return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())

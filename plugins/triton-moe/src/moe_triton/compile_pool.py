@@ -2,9 +2,11 @@
 
 Timing one candidate takes tens of milliseconds; compiling it (Triton's frontend, MLIR passes and ptxas,
 one core) takes about a second, so a tuning run is mostly compiling. Each worker process (spawned: a CUDA
-context does not survive a fork) builds the same layer, inputs and buffers as the tuner (``tune._inputs``,
-``tune._launches``: seeded, so the same shapes, strides and alignment) and launches each candidate it is
-given once; Triton's on-disk cache then holds the kernel, and the tuner's own first launch loads it
+context does not survive a fork) builds a layer of the tuner's weight layout filled with zeros
+(``TritonWeights.shapes`` / ``zeros``: the values do not reach compilation, and drawing random weights
+would cost a worker several times their size) and the same inputs and buffers as the tuner
+(``tune._inputs``, ``tune._launches``: seeded, so the same shapes, strides and alignment) and launches each
+candidate it is given once; Triton's on-disk cache then holds the kernel, and the tuner's own first launch loads it
 instead of compiling. Timing stays in the tuner's process, after a batch's compiles have finished, so no
 worker shares the GPU with a measurement.
 
@@ -12,7 +14,7 @@ A candidate that fails in a worker (does not compile, does not fit) is only repo
 it again itself and handles it as it always has. A pool that breaks (a worker died) is shut down with one
 warning and the tuner goes on compiling in its own process.
 
-GPU memory: every worker holds its own copy of the layer, and a candidate's split-K scratch can take
+GPU memory: every worker holds its own copy of the layer (zeros), and a candidate's split-K scratch can take
 gigabytes at prefill sizes, so unbounded workers can starve the tuner of the memory its timing needs. The
 workers together may hold ``WORKERS_SHARE`` of the GPU (``torch.cuda.set_per_process_memory_fraction``,
 split evenly), and each returns its allocator's cache after every launch; a worker out of its share ends
@@ -70,10 +72,11 @@ class Compiler:
             log(f"compiling candidates in {jobs} worker processes, each within {share:.0%} of the GPU's memory "
                 f"({JOBS_VAR}=0 compiles in this one)")  # fmt: skip
 
-    def warm(self, config, m: int, block_m: int, kind: str, pairs) -> list[str]:
+    def warm(self, config, shapes: tuple, m: int, block_m: int, kind: str, pairs) -> list[str]:
+        """``shapes``: the tuner's ``TritonWeights.shapes()``."""
         if self.pool is None or not pairs:
             return []
-        jobs = [(config, m, block_m, kind, g, split, self.device) for g, split in pairs]
+        jobs = [(config, shapes, m, block_m, kind, g, split, self.device) for g, split in pairs]
         try:
             return [err for err in self.pool.map(warm_one, jobs) if err]
         except BrokenProcessPool as exc:
@@ -100,7 +103,7 @@ class Compiler:
         self.close()
 
 
-#: a worker's layer (weights by config) and launches (by config, M, BLOCK_M), the latest of each only
+#: a worker's layer (zero weights by config and layout) and launches (by M, BLOCK_M), the latest of each only
 _STATE: dict = {}
 
 
@@ -122,13 +125,16 @@ def warm_one(job) -> str | None:
     """Launch one candidate once (in a worker; callable in-process too): None, or why it failed. Running out
     of memory is the worker's failure, not the candidate's: ``torch.OutOfMemoryError`` is raised."""
     from moe_triton import tune
+    from moe_triton.layout import TritonWeights
 
-    config, m, block_m, kind, g, split, device = job
+    config, shapes, m, block_m, kind, g, split, device = job
     try:
-        if _STATE.get("config") != config:
-            _STATE.clear()
-            _STATE.update(config=config, weights=tune.prepare_weights_for(config, device))
+        if _STATE.get("layer") != (config, shapes):
+            _STATE.clear()  # the previous layer's tensors go before the next one's are made
+            _release(device)
+            _STATE.update(layer=(config, shapes), weights=TritonWeights.zeros(shapes, device))
         if _STATE.get("key") != (m, block_m):
+            _STATE.pop("makes", None)
             inputs = tune._inputs(config, m, device)
             _STATE.update(key=(m, block_m), makes=tune._launches(config, _STATE["weights"], inputs, block_m, device))
         _STATE["makes"][kind](g, split)()

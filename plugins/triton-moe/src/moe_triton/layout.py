@@ -30,7 +30,7 @@ is re-laid out so the GEMM main loop needs no nibble interleave (join/reshape):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -69,6 +69,28 @@ class TritonWeights:
     def gemm2(self) -> GemmWeights:
         """GEMM2's weight side (down projection) as the launches take it."""
         return GemmWeights(self.scheme, self.w2, self.w2_scale, self.w2_mult, self.b2)
+
+    def shapes(self) -> tuple:
+        """(scheme, ((field, shape, stride, dtype) or (field, None), ...)): all a kernel's compilation reads
+        of these weights, without their values (small, picklable: what the tuner's compile workers get)."""
+        tensors = tuple(
+            (f.name, None) if (t := getattr(self, f.name)) is None else (f.name, tuple(t.shape), t.stride(), t.dtype)
+            for f in fields(self)
+            if f.name != "scheme"
+        )
+        return self.scheme, tensors
+
+    @classmethod
+    def zeros(cls, shapes: tuple, device) -> TritonWeights:
+        """Zero-filled weights of ``shapes()``'s layout: the same launches compile the same kernels, and
+        building them costs their own size (random weights are drawn in float32 and quantized first)."""
+        scheme, tensors = shapes
+        made = {}
+        for name, *layout in tensors:
+            if layout[0] is not None:
+                shape, stride, dtype = layout
+                made[name] = torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
+        return cls(scheme, **made)
 
 
 def e2m1_bits_bf16(codes: torch.Tensor) -> torch.Tensor:

@@ -215,6 +215,7 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     """
     scheme, e, k = config.quant_scheme, config.num_experts, config.top_k
     descriptors = _descriptors(device)
+    shapes = weights.shapes()
     result = {}
     for m in tokens:
         inputs = _inputs(config, m, device)
@@ -226,7 +227,7 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
             for kind, make in makes.items():
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
-                warm = functools.partial(compiler.warm, config, m, block_m, kind) if compiler else _no_warm
+                warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
                 trials[kind] = _trials(make, gemms, decode, warm)
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
