@@ -259,9 +259,9 @@ def _gemm1(
                 bu = _dense_tile(w_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K,
                                  SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
-                sg = _col_scale(s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, SCHEME, True)
+                sg = _col_scale(s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, True)
                 su = _col_scale(s_ptr, expert, n + N_HALF, n_ok, n0 + N_HALF, k0, stride_se, stride_sn, stride_sk,
-                                SCHEME, UP_ALIGNED)  # fmt: skip
+                                UP_ALIGNED)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(xs_ptr + token * stride_xsm + k0 // 128, mask=row_ok, other=0.0)
@@ -396,8 +396,7 @@ def _gemm2(
             else:
                 b = _dense_tile(w_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K, SWAP_AB)
             if SCHEME == FP8_BLOCK:
-                sb = _col_scale(s_ptr, expert, n, n_ok, pid_n * BLOCK_N, k0, stride_se, stride_sn, stride_sk, SCHEME,
-                                True)  # fmt: skip
+                sb = _col_scale(s_ptr, expert, n, n_ok, pid_n * BLOCK_N, k0, stride_se, stride_sn, stride_sk, True)
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                     a_scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k0 // 128, mask=row_ok, other=0.0)

@@ -167,25 +167,20 @@ def _dense_tile(
 
 
 @triton.jit
-def _col_scale(
-    s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, SCHEME: tl.constexpr, ALIGNED: tl.constexpr,
-):  # fmt: skip
+def _col_scale(s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, ALIGNED: tl.constexpr):
     """fp8_block: the scale of each weight row ``n`` (``n0`` the tile's first) in the 128x128 block holding K
-    column ``k0``; 1.0 for the float schemes.
+    column ``k0``.
 
     ``ALIGNED`` (and at most 128 rows): the tile starts on a multiple of its width, so its rows lie in one
     scale block: one scalar load per K block. Otherwise every row's scale is loaded — one load per row a
     thread holds, each waited for in the K loop (Triton stages only the MMA's operands). Wider tiles keep
     the per-row loads: a vector of two blocks' scales (a select per column) stays live across the loop
     and pushes those 255-register tiles into spilling."""
-    if SCHEME == FP8_BLOCK:
-        base = s_ptr + expert * stride_se + (k0 // 128) * stride_sk
-        if ALIGNED and n.shape[0] <= 128:
-            col_scale = tl.full((n.shape[0],), 1.0, tl.float32) * tl.load(base + (n0 // 128) * stride_sn)
-        else:
-            col_scale = tl.load(base + (n // 128) * stride_sn, mask=n_ok, other=0.0)
+    base = s_ptr + expert * stride_se + (k0 // 128) * stride_sk
+    if ALIGNED and n.shape[0] <= 128:
+        col_scale = tl.full((n.shape[0],), 1.0, tl.float32) * tl.load(base + (n0 // 128) * stride_sn)
     else:
-        col_scale = tl.full((n.shape[0],), 1.0, tl.float32)
+        col_scale = tl.load(base + (n // 128) * stride_sn, mask=n_ok, other=0.0)
     return col_scale
 
 
