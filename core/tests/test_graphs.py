@@ -190,3 +190,21 @@ def test_at_most_max_graphs_token_counts():
             for seed in range(2):
                 graphed(x_of(m, "cuda", seed))
     assert len(graphed.graphs.graphs) == MAX_GRAPHS
+
+
+@on_gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_layer_replays_its_graphs(mode, tmp_path, monkeypatch):
+    """Under ``torch.compile`` the layer is one op (``moe::layer``) that runs as eager code does: its own graphs
+    in default mode; inside the caller's graphs (``reduce-overhead``) captured plainly. Both equal eager."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    graphed, eager = layers("cuda")
+    compiled = torch.compile(graphed, mode=mode, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        for seed in range(5):
+            got = compiled(x_of(2, "cuda", seed)).clone()
+            torch.testing.assert_close(got, eager(x_of(2, "cuda", seed)), rtol=1e-5, atol=1e-6)
+    if mode == "default":
+        assert set(graphed.graphs.graphs) == {2}
+    torch._dynamo.reset()

@@ -479,6 +479,70 @@ def test_torch_compile_matches_eager(compiler, tmp_path, monkeypatch):
     torch._dynamo.reset()
 
 
+def ops_in(gm) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_compiled_layer_is_one_opaque_op_and_compiles_fullgraph():
+    """The torch backend reads expert ids on the host (a graph break when traced); as ``moe::layer`` nothing of
+    it is traced, so ``fullgraph=True`` holds and the graph calls the op once."""
+    torch._dynamo.reset()
+    config = make_config(e=4, h=16, i=8)
+    layer = MoeLayer(config, random_weights(config, seed=3), LinearRouter(config),
+                     shared=make_shared(gated=True, h=16, i_s=8), backend="torch")  # fmt: skip
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(layer)(x)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+        assert ops_in(explained.graphs[0]).count("moe.layer.default") == 1
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), layer(x))
+    torch._dynamo.reset()
+
+
+def test_compiled_forward_that_records_grad_is_traced():
+    """``moe::layer`` has no backward: a forward autograd records is traced through the layer, not the op."""
+    torch._dynamo.reset()
+    config = make_config(e=4, h=16, i=8)
+    layer = MoeLayer(config, random_weights(config, seed=3), LinearRouter(config), backend="torch")
+    x = torch.randn(5, 16, requires_grad=True)
+    explained = torch._dynamo.explain(layer)(x)
+    assert all("moe.layer.default" not in ops_in(g) for g in explained.graphs)
+    torch.testing.assert_close(torch.compile(layer, backend="eager")(x), layer(x))
+    torch._dynamo.reset()
+
+
+def test_a_copy_of_a_layer_is_its_own_op_key():
+    import copy
+
+    from moe_core import layer_op
+
+    config = make_config(e=4, h=16, i=8)
+    layer = MoeLayer(config, random_weights(config, seed=3), LinearRouter(config), backend="torch")
+    twin = copy.deepcopy(layer)
+    assert twin._op_key != layer._op_key
+    with torch.no_grad():
+        twin.router.gate.weight.mul_(-1)  # the copy routes differently: the op must run the copy, not the original
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(layer_op.layer(x, twin._op_key), twin(x))
+        torch.testing.assert_close(layer_op.layer(x, layer._op_key), layer(x))
+        assert not torch.allclose(twin(x), layer(x))
+
+
+def test_the_op_of_a_collected_layer_says_why_it_cannot_run():
+    import gc
+
+    from moe_core import layer_op
+
+    config = make_config(e=4, h=16, i=8)
+    layer = MoeLayer(config, random_weights(config, seed=3), LinearRouter(config), backend="torch")
+    key = layer._op_key
+    del layer
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"no MoeLayer with key {key} in this process"):
+        layer_op.layer(torch.randn(2, 16), key)
+
+
 # --- triton (the plugin under its CPU interpreter on a machine without CUDA) -------------------------------------
 
 
