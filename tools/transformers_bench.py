@@ -16,7 +16,8 @@ For each token count M it reports, for one MoE block on ``[M, H]``:
   off (``cuda_graph_max_tokens=0``);
 - ``block_graph_us``: the block captured by the caller in one CUDA graph, per replay (CUDA events over
   ``--repeat`` replays); ``block_graph_error`` where the implementation cannot be captured;
-- with ``--compile``, ``block_compiled_us``: the block under ``torch.compile`` (default mode, a fresh
+- with ``--compile``, ``block_compiled_us``: the block (``moe:*``: the default layer, its own graphs on) under
+  ``torch.compile`` (default mode, a fresh
   compile per implementation and M, ``dynamic=False``), eager wall time as ``block_us``; ``block_compile_s``
   the first call (tracing and code generation); ``block_compile_error`` where it fails;
 
@@ -176,8 +177,11 @@ def _measure(
         row["block_us"] = round(_median_us(call, repeat, device), 1)
         row["block_rel_l2"] = _rel_l2(_first(block(x)), _first(_block(reference)(x.float())))
         if ours:
+            from moe_core.layer import CUDA_GRAPH_MAX_TOKENS
+
             _layers_graphs(model, 0)
             row["block_nograph_us"] = round(_median_us(call, repeat, device), 1)
+            _layers_graphs(model, CUDA_GRAPH_MAX_TOKENS)  # the default layer again: caller's graph, compiled
         if device.type == "cuda":
             try:
                 row["block_graph_us"] = round(_graph_us(call, repeat), 1)
@@ -186,10 +190,6 @@ def _measure(
                 torch.cuda.synchronize()
         if compile_block:
             _compiled(row, block, x, repeat, device)
-        if ours:
-            from moe_core.layer import CUDA_GRAPH_MAX_TOKENS
-
-            _layers_graphs(model, CUDA_GRAPH_MAX_TOKENS)
         for phase, ids in (("prefill", ids_prefill), ("decode", ids_decode)):
             if phase == "prefill" and m == 1:
                 continue
