@@ -17,9 +17,9 @@ For each token count M it reports, for one MoE block on ``[M, H]``:
 - ``block_graph_us``: the block captured by the caller in one CUDA graph, per replay (CUDA events over
   ``--repeat`` replays); ``block_graph_error`` where the implementation cannot be captured;
 - with ``--compile``, ``block_compiled_us``: the block (``moe:*``: the default layer, its own graphs on) under
-  ``torch.compile`` (default mode, a fresh
-  compile per implementation and M, ``dynamic=False``), eager wall time as ``block_us``; ``block_compile_s``
-  the first call (tracing and code generation); ``block_compile_error`` where it fails;
+  ``torch.compile`` (default mode, a fresh compile per implementation and M, ``dynamic=False``), eager wall
+  time as ``block_us``; ``block_compile_s`` the first call (tracing and code generation);
+  ``block_compile_error`` where it fails;
 
 and the whole model's eager forward on ``[1, M]`` (prefill) or ``[M, 1]`` (a decode step of a batch of M
 sequences, no KV cache). For every implementation — bf16 transformers ones included, so their spread is the
