@@ -515,7 +515,7 @@ def test_compiled_forward_that_records_grad_is_traced():
 def test_a_copy_of_a_layer_is_its_own_op_key():
     import copy
 
-    from moe_core import layer_op
+    from moe_core import compile_ops
 
     config = make_config(e=4, h=16, i=8)
     layer = MoeLayer(config, random_weights(config, seed=3), LinearRouter(config), backend="torch")
@@ -524,23 +524,23 @@ def test_a_copy_of_a_layer_is_its_own_op_key():
     with torch.no_grad():
         twin.router.gate.weight.mul_(-1)  # the copy routes differently: the op must run the copy, not the original
         x = torch.randn(4, 16)
-        torch.testing.assert_close(layer_op.layer(x, twin._op_key), twin(x))
-        torch.testing.assert_close(layer_op.layer(x, layer._op_key), layer(x))
+        torch.testing.assert_close(compile_ops.layer(x, twin._op_key), twin(x))
+        torch.testing.assert_close(compile_ops.layer(x, layer._op_key), layer(x))
         assert not torch.allclose(twin(x), layer(x))
 
 
 def test_the_op_of_a_collected_layer_says_why_it_cannot_run():
     import gc
 
-    from moe_core import layer_op
+    from moe_core import compile_ops
 
     config = make_config(e=4, h=16, i=8)
     layer = MoeLayer(config, random_weights(config, seed=3), LinearRouter(config), backend="torch")
     key = layer._op_key
     del layer
     gc.collect()
-    with pytest.raises(RuntimeError, match=f"no MoeLayer with key {key} in this process"):
-        layer_op.layer(torch.randn(2, 16), key)
+    with pytest.raises(RuntimeError, match=f"moe::layer: no object with key {key} in this process"):
+        compile_ops.layer(torch.randn(2, 16), key)
 
 
 # --- triton (the plugin under its CPU interpreter on a machine without CUDA) -------------------------------------

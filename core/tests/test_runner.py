@@ -279,3 +279,59 @@ def test_count_forwards_sees_runners_bound_after_it(monkeypatch):
     runner(x, ids, tw)
     runner(x, ids, tw)
     assert calls == ["fp32", "fp32"]
+
+
+# --- torch.compile: one opaque op, moe::runner (moe_core.compile_ops) ------------------------------------------
+
+
+def graph_ops(fn, *args) -> tuple[int, list[str]]:
+    """Graph breaks and the ops of every graph Dynamo makes of ``fn(*args)``."""
+    explained = torch._dynamo.explain(fn)(*args)
+    ops = [str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"]
+    return explained.graph_break_count, ops
+
+
+def test_a_compiled_call_is_one_op_and_reads_nothing_on_the_host():
+    """The torch backend reads expert ids and counts on the host (graph breaks when traced): as ``moe::runner``
+    the call compiles with ``fullgraph=True`` and equals eager, ``out=`` included."""
+    torch._dynamo.reset()
+    cfg, w = make()
+    runner = MoeRunner(cfg, w, backend="torch")
+    x, ids, tw = random_inputs(cfg, 7)
+    breaks, ops = graph_ops(lambda a, b, c: runner(a, b, c), x, ids, tw)
+    assert breaks == 0 and ops.count("moe.runner.default") == 1, ops
+    compiled = torch.compile(lambda a, b, c: runner(a, b, c) * 2, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, ids, tw), runner(x, ids, tw) * 2)
+    out = torch.full((7, 32), float("nan"))
+    into = torch.compile(lambda a, b, c, o: runner(a, b, c, out=o), backend="aot_eager", fullgraph=True)
+    into(x, ids, tw, out)
+    torch.testing.assert_close(out, runner(x, ids, tw))
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_keeps_the_runners_checks():
+    """The checks run inside the op on the real tensors: a bad id is refused as in eager code. An ``out`` that
+    is the input, refused eagerly (the backend would read what it writes), is safe compiled: functionalization
+    gives the op a buffer of its own and copies it into ``out`` afterwards."""
+    torch._dynamo.reset()
+    cfg, w = make()
+    runner = MoeRunner(cfg, w, backend="torch")
+    x, ids, tw = random_inputs(cfg, 4)
+    compiled = torch.compile(lambda a, b, c: runner(a, b, c), backend="aot_eager", fullgraph=True)
+    with pytest.raises(InvalidInputError, match="topk_ids must lie in"):
+        compiled(x, torch.full_like(ids, 6), tw)
+    into = torch.compile(lambda a, b, c, o: runner(a, b, c, out=o), backend="aot_eager", fullgraph=True)
+    want, same = runner(x, ids, tw), x.clone()
+    into(same, ids, tw, same)
+    torch.testing.assert_close(same, want)
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_that_records_grad_is_traced():
+    torch._dynamo.reset()
+    cfg, w = make()
+    runner = MoeRunner(cfg, w, backend="torch")
+    x, ids, tw = random_inputs(cfg, 4)
+    _, ops = graph_ops(lambda a, b, c: runner(a, b, c), x.requires_grad_(), ids, tw)
+    assert "moe.runner.default" not in ops
+    torch._dynamo.reset()

@@ -43,7 +43,7 @@ Eager speed (``cuda_graph_max_tokens``, default ``CUDA_GRAPH_MAX_TOKENS``): on C
 many tokens is replayed from a CUDA graph of the whole flat forward, one per token count, captured the second
 time that count is seen (``moe_core.graphs`` says when it is not, and why that is safe); 0 keeps every forward
 eager. A caller capturing graphs itself gets the plain forward. Under ``torch.compile`` the flat forward is one
-opaque op, ``moe::layer`` (``moe_core.layer_op``), so a compiled model runs the layer as eager code does, its
+opaque op, ``moe::layer`` (``moe_core.compile_ops``), so a compiled model runs the layer as eager code does, its
 graphs included, and traces nothing of its backends.
 
 State and devices: the experts' weights are in a backend's prepared layout and bound to the device and
@@ -63,7 +63,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from moe_core import layer_op
+from moe_core import compile_ops
 from moe_core.config import ACTIVATIONS, MoeConfig
 from moe_core.dtypes import dtype_label, short_name
 from moe_core.errors import BackendUnavailableError, InvalidInputError
@@ -142,12 +142,12 @@ class MoeLayer(torch.nn.Module):
             if runner is not None and not runner.fused_op.capturable and graphs.disabled is None:
                 graphs.disabled = f"backend {runner.backend!r} cannot be captured in a CUDA graph (FusedOp.capturable)"
         self.graphs = graphs
-        self._op_key = layer_op.register(self)  # names this layer to moe::layer under torch.compile
+        self._op_key = compile_ops.register(self)  # names this layer to moe::layer under torch.compile
 
     def __setstate__(self, state) -> None:
         """A copy (``copy.deepcopy``, unpickling) is another layer: its own ``moe::layer`` key."""
         super().__setstate__(state)
-        self._op_key = layer_op.register(self)
+        self._op_key = compile_ops.register(self)
 
     def _bind_shared(self, shared: SharedExperts, backend, shared_backend) -> None:
         config = self.config
@@ -211,8 +211,8 @@ class MoeLayer(torch.nn.Module):
                 f"the layer computes in {dtype_label(config.dtype)}"
             )
         x = hidden_states.reshape(-1, h).contiguous()
-        if torch.compiler.is_compiling() and not self._records_grad(x):
-            out = layer_op.layer(x, self._op_key)  # opaque to Dynamo: run as eager code runs it (layer_op)
+        if torch.compiler.is_compiling() and not compile_ops.records_grad(x, *self.parameters()):
+            out = compile_ops.layer(x, self._op_key)  # opaque to Dynamo: run as eager code runs it
         else:
             out = self._flat(x)
         return out.view(hidden_states.shape)
@@ -222,10 +222,6 @@ class MoeLayer(torch.nn.Module):
         if self.shared_runner is not None and x.shape[0] > self._shared_ids.shape[0]:
             self.reserve(max(x.shape[0], 2 * self._shared_ids.shape[0]))  # never inside a graph capture
         return self.graphs.run(x, self._forward, self._graph_tensors, self._graph_keep)
-
-    def _records_grad(self, x: torch.Tensor) -> bool:
-        """Whether autograd would record this forward (``moe::layer`` has no backward: then it is traced)."""
-        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The flat forward ``[M, H] -> [M, H]``, eager or under capture (``self.graphs``)."""

@@ -6,13 +6,15 @@ this is the first runner), prepare the weights into the backend's layout once.
 A forward then validates tensor metadata, calls the bound ``apply`` and checks
 the metadata of what it returned (shape, dtype, device, ``out`` itself) — no
 registry lookup, no hook call, no plugin discovery, no synchronisation per call.
+Under ``torch.compile`` a call is one opaque op, ``moe::runner`` (``moe_core.compile_ops``), so no
+backend's code is traced.
 """
 
 from __future__ import annotations
 
 import torch
 
-from moe_core import guard
+from moe_core import compile_ops, guard
 from moe_core.config import MoeConfig, MoeProblem
 from moe_core.dtypes import dtype_label
 from moe_core.errors import BackendError, BackendUnavailableError, PluginError
@@ -78,6 +80,12 @@ class MoeRunner:
         if check_expert_ids is None:
             check_expert_ids = device.type != "cuda" or env_flag("MOE_CHECK_EXPERT_IDS")
         self.check_expert_ids = check_expert_ids or not self._allow_unassigned
+        self._op_key = compile_ops.register(self)  # names this runner to moe::runner under torch.compile
+
+    def __setstate__(self, state) -> None:
+        """A copy (``copy.deepcopy``, unpickling) is another runner: its own ``moe::runner`` key."""
+        self.__dict__.update(state)
+        self._op_key = compile_ops.register(self)
 
     def _bind_first(self, choices: list[Selection], weights: MoeWeights, fall_back: bool) -> None:
         """Construct the first choice and prepare the weights, both through the plugin door; under ``auto``
@@ -122,6 +130,23 @@ class MoeRunner:
         ``topk_ids`` int32 ``[M, k]`` and ``topk_weights`` float32 ``[M, k]`` as
         produced by ``moe_core.routing``. Writes into ``out`` when given.
         """
+        if (
+            torch.compiler.is_compiling()
+            and isinstance(hidden_states, torch.Tensor)
+            and isinstance(topk_weights, torch.Tensor)
+            and not compile_ops.records_grad(hidden_states, topk_weights)
+        ):  # opaque to Dynamo: the backend runs as eager code runs it (moe_core.compile_ops)
+            if out is None:
+                cfg = self.config
+                out = torch.empty(hidden_states.shape[0], cfg.hidden_size, dtype=cfg.dtype, device=hidden_states.device)
+            compile_ops.runner(hidden_states, topk_ids, topk_weights, out, self._op_key)
+            return out
+        return self._run(hidden_states, topk_ids, topk_weights, out)
+
+    forward = __call__
+
+    def _run(self, hidden_states, topk_ids, topk_weights, out):
+        """The call as eager code runs it: check the inputs, the ids, call the backend, check its result."""
         config = self.config
         validate_forward(config, self.device, hidden_states, topk_ids, topk_weights, out)
         if self.check_expert_ids:
@@ -132,8 +157,6 @@ class MoeRunner:
             self.selection.entry, "apply", self._apply, hidden_states, topk_ids, topk_weights, self.prepared, out
         )
         return check_result(self.backend, result, out, hidden_states, config)
-
-    forward = __call__
 
     def describe_binding(self, requested: str = "") -> str:
         """One line for an engine's start-up log: the backend, its distribution, the problem, why it was chosen
