@@ -433,12 +433,19 @@ def test_mxfp4_of_mxfp4_representable_weights_is_lossless():
 
 
 def test_torch_compile_of_a_patched_model_runs():
-    """One case (the slowest test here: dynamo traces the whole model; ``aot_eager`` skips inductor's codegen)."""
+    """One case (the slowest test here: dynamo traces the whole model; ``aot_eager`` skips inductor's codegen).
+    The torch backend reads expert ids on the host, yet the model compiles as one graph: each patched block
+    is one ``moe::layer`` op (``moe_core.compile_ops``)."""
     torch._dynamo.reset()
-    model = build("qwen2_moe", num_hidden_layers=1)
+    model = build("qwen2_moe", num_hidden_layers=2)
     patched, _ = patched_copy(model, backend="torch")
-    compiled = torch.compile(patched, backend="aot_eager")
     ids = input_ids()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(patched)(input_ids=ids)
+    assert explained.graph_break_count == 0
+    ops = [str(n.target) for n in explained.graphs[0].graph.nodes if n.op == "call_function"]
+    assert ops.count("moe.layer.default") == 2
+    compiled = torch.compile(patched, backend="aot_eager", fullgraph=True)
     assert (logits(compiled, ids) - logits(model, ids)).abs().max() < TOL
     torch._dynamo.reset()
 
