@@ -13,7 +13,8 @@ without a graph, when:
 
 - the input is not on a CUDA device, or has more than ``max_tokens`` tokens, or ``max_tokens`` is 0;
 - autograd would record (grad mode on and the input or a parameter of the layer requires grad);
-- the caller is capturing a CUDA graph (its graph takes the kernels directly) or ``torch.compile`` traces;
+- the caller is capturing a CUDA graph (its graph takes the kernels directly) or ``torch.compile`` traces the
+  forward (only one that autograd records: otherwise the layer is one op, ``moe_core.compile_ops``);
 - ``MAX_GRAPHS`` token counts already have a graph (later counts stay eager: prompts of many lengths must not
   each cost a capture);
 - a parameter or buffer of the layer was replaced by another tensor since a graph was captured (updated in
