@@ -24,3 +24,30 @@ def test_kernels_compile_for_sm90():
     # The exact count: a variant dropped from the list (or a loop that stops
     # early) must fail here, not pass with fewer kernels checked.
     assert "compiled 218 kernels for sm90" in proc.stdout
+
+
+LOOP_TOOL = Path(__file__).parents[1] / "tools" / "sm90_loop.py"
+
+
+def loop_of(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(LOOP_TOOL), *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,mma",
+    [  # the shipped H200 mxfp4 tiles at M=4096 (swapped GEMM1: a register operand of wgmma) and M=8 (mma.sync)
+        (("gemm1", "BLOCK_M=128", "BLOCK_N=64", "BLOCK_K=64", "SWAP_AB=True", "--stages", "4"), "wgmma.mma_async"),
+        (("gemm2", "BLOCK_M=16", "BLOCK_N=256", "BLOCK_K=64", "--stages", "4"), "mma.sync"),
+    ],
+)
+def test_mxfp4_k_loops_read_weight_bytes_wide_and_stage_every_load(args, mma):
+    """The fragment order of the MXFP4 bytes (``moe_triton.layout``), read off the sm90 build of the K loop:
+    no 2-byte shared-memory loads (what chunk order cost the swapped GEMMs) and no global load left in the
+    loop (the activations permuted to the bytes' order must still be staged through shared memory)."""
+    out = loop_of(*args, "--scheme", "mxfp4")
+    assert mma in out, out
+    assert "ld.shared.v2.b8" not in out and "ld.shared.b16" not in out and "ld.shared.u8" not in out, out
+    assert "ld.global" not in out, out

@@ -102,10 +102,13 @@ def test_mxfp4_chunk_loop_with_k_tails(h, i, block_k):
         ((True, False), 2, 128, 64, 16, 256, 128),  # GEMM1 swapped and split, GEMM2 not
         ((False, True), 2, 64, 32, 32, 160, 96),  # GEMM2 swapped reading split partials; K tails
         ((True, True), 1, 256, 64, 16, 2880 // 10, 2880 // 10),
+        ((True, False), 1, 64, 64, 64, 192, 128),  # 64-row blocks: GEMM2's bytes put in K order un-swapped
     ],
 )
 def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, block_m, h, i):
-    """``GemmConfig.swap_ab``: weights x rows^T accumulated transposed; same result as the plain order."""
+    """``GemmConfig.swap_ab``: weights x rows^T accumulated transposed; same result as the plain order. The
+    bytes' fragment order (``moe_triton.layout``) is undone in registers where a tile feeds a warp-group
+    MMA (swapped, or 64 rows and more) and followed by the activations elsewhere: each case mixes both."""
     cfg = MoeConfig(8, 2, h, i, quant_scheme="mxfp4", activation="swiglu_oai", dtype=HALF, has_bias=True)
     weights = random_weights(cfg, DEVICE)
     out, inputs = _check(cfg, weights, 9, _kc(block_k, split, block_n, block_m, swap))

@@ -40,10 +40,21 @@ def test_packed_permutation_round_trip_and_chunk_order(k):
     assert prepared.shape == (3, 5, kp // 2)
     assert torch.equal(layout.unpermute_mxfp4_packed(prepared, k), packed)
     codes = torch.nn.functional.pad(unpack_fp4(packed), (0, kp - k))  # [E, N, Kp] canonical order
+    order = list(layout.FRAGMENT_ORDER)
     for c in range(kp // 64):
         chunk = prepared[..., c * 32 : (c + 1) * 32]
-        assert torch.equal(chunk & 0xF, codes[..., c * 64 : c * 64 + 32])  # low nibbles: first half
-        assert torch.equal(chunk >> 4, codes[..., c * 64 + 32 : c * 64 + 64])  # high nibbles: second half
+        assert torch.equal(chunk & 0xF, codes[..., c * 64 : c * 64 + 32][..., order])  # low nibbles: first half
+        assert torch.equal(chunk >> 4, codes[..., c * 64 + 32 : c * 64 + 64][..., order])  # high: second half
+
+
+def test_fragment_order_puts_each_mma_lanes_bytes_side_by_side():
+    """Lane c of an MMA register operand holds k = 2c, 2c+1, 2c+8, 2c+9 of each 16 of K: stored at 4c..4c+3
+    of each 16-byte half."""
+    order = layout.FRAGMENT_ORDER
+    assert sorted(order) == list(range(32))
+    for s in (0, 16):
+        for c in range(4):
+            assert order[s + 4 * c : s + 4 * c + 4] == (s + 2 * c, s + 2 * c + 1, s + 2 * c + 8, s + 2 * c + 9)
 
 
 def test_scale_folding_round_trip_with_and_without_shift():
@@ -84,9 +95,10 @@ def test_prepared_weights_decode_to_the_canonical_dequantization(k):
     packed, scale = quantize_mxfp4(w)
     prepared, folded, mult = (layout.permute_mxfp4_packed(packed), *layout.fold_mxfp4_scale(scale))
     assert mult[2].item() > 1.0  # the 300x expert exercises the shift
-    lo = layout.e2m1_bits_bf16(prepared & 0xF).double()
-    hi = layout.e2m1_bits_bf16(prepared >> 4).double()
     e, n, _ = prepared.shape
+    in_order = prepared.view(e, n, -1, 32)[..., torch.argsort(torch.tensor(layout.FRAGMENT_ORDER))]  # chunk order
+    lo = layout.e2m1_bits_bf16(in_order & 0xF).double()
+    hi = layout.e2m1_bits_bf16(in_order >> 4).double()
     chunks = torch.stack((lo.view(e, n, -1, 32), hi.view(e, n, -1, 32)), dim=3).reshape(e, n, -1)  # canonical k order
     s = layout.scale_groups(folded).double().repeat_interleave(32, dim=2) * mult.double()[:, None, None]
     decoded = (chunks * s)[..., :k]

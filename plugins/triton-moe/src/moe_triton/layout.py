@@ -4,11 +4,19 @@ bf16/fp16/fp32 and fp8_block keep the canonical layout (made contiguous). MXFP4
 is re-laid out so the GEMM main loop needs no nibble interleave (join/reshape):
 
 - **packed** ``[E, N, Kp/2]`` uint8, ``Kp`` = K rounded up to ``MXFP4_CHUNK`` (64;
-  the padding is code 0 = 0.0). Inside each 64-wide chunk of K, byte ``j`` (0..31)
+  the padding is code 0 = 0.0). Inside each 64-wide chunk of K, chunk byte ``j`` (0..31)
   holds k = ``j`` in its low nibble and k = ``32 + j`` in its high nibble. A
   chunk's low nibbles are therefore the chunk's first 32 K rows and its high
   nibbles the last 32, so the kernel decodes both halves of a byte tile in place
   and issues two dots (``x[:, first half] @ lo`` and ``x[:, second half] @ hi``).
+  The 32 chunk bytes are stored in **fragment order** (``FRAGMENT_ORDER``): position
+  ``16s + 4c + 2h + e`` holds chunk byte ``16s + 8h + 2c + e``. An MMA lane ``c`` (of 4 per row)
+  holds k = ``2c, 2c+1, 2c+8, 2c+9`` of each 16 of K as a register operand, so its 4 bytes of each
+  16-byte half are adjacent: the swapped GEMMs (and any tile that feeds Hopper's warp-group MMA)
+  read them with wide shared-memory loads and put K back in order in registers, where in chunk
+  order each lane read 2 bytes at a time; the smaller tiles' MMA, which takes K in any order,
+  decodes the bytes as stored and reads its activations in the same order
+  (``kernels.gemm._rows_chunk``).
   Every low nibble of a chunk belongs to one MX scale group (the chunk's even
   group), every high nibble to the next one, so each half tile is scaled by one
   ``[N]`` row: no reshape of the scales either.
@@ -41,6 +49,8 @@ from moe_triton.launch_args import GemmWeights
 
 #: K values per re-laid-out MXFP4 chunk; every MXFP4 BLOCK_K is a multiple of it.
 MXFP4_CHUNK = 64
+#: stored position p of a chunk's 32 bytes -> the chunk byte it holds (see the module docstring)
+FRAGMENT_ORDER = tuple((p & 16) | ((p & 2) << 2) | ((p & 12) >> 1) | (p & 1) for p in range(MXFP4_CHUNK // 2))
 #: Largest UE8M0 byte whose folded scale 2**(s-1) is a finite float (2**127).
 _MAX_FOLDED_BYTE = 128
 #: The E2M1 bit trick yields value * 2**-E2M1_BITS_SHIFT.
@@ -101,23 +111,27 @@ def e2m1_bits_bf16(codes: torch.Tensor) -> torch.Tensor:
 
 
 def permute_mxfp4_packed(packed: torch.Tensor) -> torch.Tensor:
-    """Canonical ``[E, N, K/2]`` (even k low) -> chunked ``[E, N, Kp/2]`` (first half low, second high)."""
+    """Canonical ``[E, N, K/2]`` (even k low) -> chunked ``[E, N, Kp/2]`` (first half low, second high),
+    each chunk's bytes in fragment order."""
     e, n, half = packed.shape
     k = 2 * half
     kp = -(-k // MXFP4_CHUNK) * MXFP4_CHUNK
+    order = torch.tensor(FRAGMENT_ORDER, device=packed.device)
     out = torch.empty(e, n, kp // 2, dtype=torch.uint8, device=packed.device)
     for i in range(e):  # one expert at a time: the unpacked codes are 2x the packed bytes
         codes = torch.nn.functional.pad(unpack_fp4(packed[i]), (0, kp - k))
         chunks = codes.view(n, kp // MXFP4_CHUNK, 2, MXFP4_CHUNK // 2)
-        out[i] = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, kp // 2)
+        out[i] = (chunks[:, :, 0] | (chunks[:, :, 1] << 4))[..., order].reshape(n, kp // 2)
     return out
 
 
 def unpermute_mxfp4_packed(packed: torch.Tensor, k: int) -> torch.Tensor:
     """Inverse of ``permute_mxfp4_packed`` (drops the K padding)."""
     e, n, kp_half = packed.shape
+    inverse = torch.argsort(torch.tensor(FRAGMENT_ORDER, device=packed.device))
+    packed = packed.view(e, n, -1, MXFP4_CHUNK // 2)[..., inverse]
     lo, hi = packed & 0xF, packed >> 4
-    chunks = torch.stack((lo.view(e, n, -1, MXFP4_CHUNK // 2), hi.view(e, n, -1, MXFP4_CHUNK // 2)), dim=3)
+    chunks = torch.stack((lo, hi), dim=3)
     codes = chunks.reshape(e, n, 2 * kp_half)[..., :k]
     return pack_fp4(codes.contiguous())
 

@@ -135,12 +135,24 @@ def _k_slice(K, split, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _rows_chunk(ptr, rows, row_ok, kc, K, stride_m, stride_k):
+def _rows_chunk(ptr, rows, row_ok, kc, K, stride_m, stride_k, STORED_ORDER: tl.constexpr = False):
     """The activations of the MXFP4 chunk at ``kc``: the two HALF-wide tiles its bytes' low and high
-    nibbles multiply (k = kc + j and kc + HALF + j)."""
+    nibbles multiply (k = kc + j and kc + HALF + j); ``STORED_ORDER``: j in the bytes' stored order
+    (``moe_triton.layout``), for weight halves decoded as stored — loaded in K order (contiguous, so
+    staged like any tile) and permuted in registers."""
     kk = kc + tl.arange(0, HALF)
     lo = _rows_tile(ptr, rows, row_ok, kk, K, stride_m, stride_k)
-    return lo, _rows_tile(ptr, rows, row_ok, kk + HALF, K, stride_m, stride_k)
+    hi = _rows_tile(ptr, rows, row_ok, kk + HALF, K, stride_m, stride_k)
+    if STORED_ORDER:
+        lo, hi = _to_stored_order(lo), _to_stored_order(hi)
+    return lo, hi
+
+
+@triton.jit
+def _to_stored_order(t):
+    """``[rows, 32]`` in K order -> the stored MXFP4 byte order: [.., s, h, c, e] -> [.., s, c, h, e]."""
+    rows: tl.constexpr = t.shape[0]
+    return tl.reshape(tl.permute(tl.reshape(t, [rows, 2, 2, 4, 2]), [0, 1, 3, 2, 4]), [rows, HALF])
 
 
 @triton.jit
@@ -225,6 +237,7 @@ def _gemm1(
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N_HALF
     dot_dtype = x_ptr.dtype.element_ty
+    in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
     if SWAP_AB:
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -239,12 +252,13 @@ def _gemm1(
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
-                a_lo, a_hi = _rows_chunk(x_ptr, token, row_ok, kc, K, stride_xm, stride_xk)
+                a_lo, a_hi = _rows_chunk(x_ptr, token, row_ok, kc, K, stride_xm, stride_xk, not in_order)
                 g_lo, g_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB,
+                                          in_order)  # fmt: skip
                 u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
                                           stride_wk, stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM,
-                                          SWAP_AB)  # fmt: skip
+                                          SWAP_AB, in_order)  # fmt: skip
                 acc_g = _mma(a_lo, g_lo, acc_g, SWAP_AB, PRECISION)
                 acc_g = _mma(a_hi, g_hi, acc_g, SWAP_AB, PRECISION)
                 acc_u = _mma(a_lo, u_lo, acc_u, SWAP_AB, PRECISION)
@@ -367,6 +381,7 @@ def _gemm2(
                       tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
         return  # k > 1: the slot sum leaves this pair's slot out
     dot_dtype = out_ptr.dtype.element_ty
+    in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -381,9 +396,10 @@ def _gemm2(
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
-                a_lo, a_hi = _rows_chunk(a_ptr, rows, row_ok, kc, K, stride_am, stride_ak)
+                a_lo, a_hi = _rows_chunk(a_ptr, rows, row_ok, kc, K, stride_am, stride_ak, not in_order)
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
-                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB)  # fmt: skip
+                                          stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB,
+                                          in_order)  # fmt: skip
                 acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
                 acc = _mma(a_hi, b_hi, acc, SWAP_AB, PRECISION)
         else:

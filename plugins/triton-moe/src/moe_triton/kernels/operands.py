@@ -115,7 +115,7 @@ def _scaled(w, scale, DTYPE: tl.constexpr):
 @triton.jit
 def _mxfp4_chunk(
     w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
-    DTYPE: tl.constexpr, DECODE_ASM: tl.constexpr, N_ROWS: tl.constexpr = False,
+    DTYPE: tl.constexpr, DECODE_ASM: tl.constexpr, N_ROWS: tl.constexpr = False, IN_ORDER: tl.constexpr = True,
 ):  # fmt: skip
     """Both halves ``[32, BLOCK_N]`` of the prepared MXFP4 chunk starting at K row ``kc`` (a multiple of 64).
 
@@ -126,6 +126,11 @@ def _mxfp4_chunk(
     ``DECODE_ASM`` (CUDA, bf16 only) decodes with inline PTX instead of Triton bit ops.
     ``N_ROWS`` returns ``[BLOCK_N, 32]`` halves instead (the swapped-operand GEMMs), loaded that way
     round, so the decode runs in whatever register layout the MMA wants for its first operand.
+    ``IN_ORDER``: the halves' K in order (the bytes' stored fragment order undone in registers: a
+    reshape and permute that stays within each thread's 4-byte runs), for a tile that feeds Hopper's
+    warp-group MMA (swapped, or at least 64 rows), whose register operand must hold K in its own order;
+    else in the stored order, for the smaller tiles' MMA, which takes K in any order as long as the
+    activations are read in that order too (``_rows_chunk(..., STORED_ORDER=True)``).
     """
     byte = kc // 2 + tl.arange(0, HALF)
     s_ok = n_ok & (kc + 0 * n < K)  # a tensor compare: the interpreter cannot mask with tensor & scalar bool
@@ -140,6 +145,13 @@ def _mxfp4_chunk(
     else:
         n2, byte2, s_ok2, s_lo, s_hi = n[None, :], byte[:, None], s_ok[None, :], s_lo[None, :], s_hi[None, :]
     packed = tl.load(w_ptr + expert * stride_we + n2 * stride_wn + byte2 * stride_wk, mask=s_ok2, other=0)
+    if IN_ORDER:  # [.., s, c, h, e] -> [.., s, h, c, e] along the 32 bytes
+        if N_ROWS:
+            rows: tl.constexpr = packed.shape[0]
+            packed = tl.reshape(tl.permute(tl.reshape(packed, [rows, 2, 4, 2, 2]), [0, 1, 3, 2, 4]), [rows, HALF])
+        else:
+            cols: tl.constexpr = packed.shape[1]
+            packed = tl.reshape(tl.permute(tl.reshape(packed, [2, 4, 2, 2, cols]), [0, 2, 1, 3, 4]), [HALF, cols])
     if DECODE_ASM and DTYPE == tl.bfloat16:
         lo = _e2m1_scaled_asm(packed, s_lo, False)
         hi = _e2m1_scaled_asm(packed, s_hi, True)
