@@ -69,9 +69,11 @@ def build(kernel: str, scheme: str, overrides: list[str], warps: int, stages: in
         elif name in UNIT_STRIDES:
             sig[name], c[name] = "constexpr", 1
         elif name.endswith("_ptr"):
+            codes = (name in ("x_ptr", "a_ptr") and given["A_FP8"]) or (name == "out_ptr" and given["OUT_FP8"])
             sig[name] = {"w_ptr": w_type, "s_ptr": s_type}.get(name) or (
-                "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS else "*bf16"
-            )
+                "*fp8e4nv" if codes else "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS
+                else "*bf16"
+            )  # fmt: skip
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("alpha", "limit"):
             sig[name] = "fp32"
