@@ -73,7 +73,8 @@ Steps (default limit in seconds):
                        `moe bench --tp 2` and `--ep 2` (replicate and all_to_all) at M = 1, 64, 512, 4096: time,
                        communication share, achieved and peak link bandwidth -> bench-tp2.json, bench-ep2.json
   peer [ARGS]          (420)  the peer comparison of issue 20: .peer/side_by_side.py (a git-ignored copy of
-                       ../shared/peer-bench with vLLM 0.33.0's kernels cut into .peer/vendor/: carry .peer) ->
+                       ../shared/peer-bench with vLLM 0.33.0's kernels cut into .peer/vendor/, made by
+                       tools/peer_setup.sh on a machine with network: carry .peer) ->
                        side_by_side.json, log.txt and the markdown tables (report.md). ARGS go to the harness
                        (e.g. --parts bf16 --ms 512,4096 --profile-ms 4096)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched block (Qwen3-30B-A3B, or
