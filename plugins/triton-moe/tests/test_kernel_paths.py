@@ -412,3 +412,41 @@ def test_fp8_block_activations_quantized_once_give_the_same_result(split, on_inp
         in_loop, inputs = _check(cfg, weights, 5, _kc(128, split, block_n))
     with switches.override(fp8_prequant=True):
         assert torch.equal(_forward(cfg, weights, *inputs, _kc(128, split, block_n)), in_loop)
+
+
+# --- fp8_block scales under the interpreter -------------------------------------------------------------------
+
+
+def _blocky_fp8_weights(cfg: MoeConfig, seed: int = 3):
+    """fp8_block weights whose 128x128 blocks differ in magnitude by up to 100x, so a K step scaled by another
+    block's scales is far off (random weights of one magnitude would hide it)."""
+    from moe_core.quant import quantize_weights
+    from moe_core.synthetic import random_canonical_weights
+
+    dense = random_canonical_weights(cfg, DEVICE, seed, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name in ("w13", "w2"):
+        w = getattr(dense, name)
+        e, rows, cols = w.shape
+        blocks = 10.0 ** (torch.rand(e, -(-rows // 128), -(-cols // 128), generator=gen) * 2 - 1)
+        factor = blocks.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :rows, :cols]
+        setattr(dense, name, (w * factor.to(w.device)).to(torch.bfloat16))
+    return quantize_weights(dense, "fp8_block")
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("prequant", [True, False])
+@pytest.mark.parametrize(
+    "swap,split,block_n,block_m",
+    [((False, False), 1, 64, 16), ((True, True), 1, 128, 16), ((True, False), 2, 64, 16), ((False, True), 3, 128, 64)],
+)
+def test_fp8_block_k_steps_use_their_own_blocks_scales(prefetch, prequant, swap, split, block_n, block_m):
+    """Which scales each K step multiplies, loaded in the step or, with the ``fp8_scale_prefetch`` switch, one
+    step ahead (``kernels.gemm._fp8_scales1``): a step scaled by another block's would be off by up to 100x. The
+    bound is loose because the interpreter's fp8 dot is inexact (about 10% here; see ``fused_op.probe``)."""
+    cfg = MoeConfig(4, 2, 384, 256, quant_scheme="fp8_block", activation="silu", dtype=torch.float32)
+    weights = _blocky_fp8_weights(cfg)
+    x, ids, tw = random_inputs(cfg, 6, DEVICE, seed=2)
+    with switches.override(fp8_prequant=prequant, fp8_scale_prefetch=prefetch):
+        out = _forward(cfg, weights, x, ids, tw, _kc(128, split, block_n, block_m, swap))
+    assert relative_l2(out, reference_for(cfg, weights, x, ids, tw)) < 0.2

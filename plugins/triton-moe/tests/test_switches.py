@@ -55,6 +55,7 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
         "split_k": ("MOE_TRITON_SPLIT_K", 0),
         "mxfp4_asm": ("MOE_TRITON_MXFP4_ASM", True),
         "fp8_prequant": ("MOE_TRITON_FP8_PREQUANT", True),
+        "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", False),
         "pdl": ("MOE_TRITON_PDL", False),
         "direct": ("MOE_TRITON_DIRECT", True),
         "fast_launch": ("MOE_TRITON_FAST_LAUNCH", True),

@@ -79,16 +79,17 @@ def weight_types(scheme, dt):
 
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
           swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False, tma=False,
-          num_warps=4, up_aligned=False):  # fmt: skip
+          num_warps=4, up_aligned=False, prefetch=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
-             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma, UP_ALIGNED=up_aligned)  # fmt: skip
+             ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma, UP_ALIGNED=up_aligned, PREFETCH=prefetch)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}"
-           f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}{'_upal' if up_aligned else ''}")  # fmt: skip
+           f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}{'_upal' if up_aligned else ''}"
+           f"{'_prefetch' if prefetch else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     fp8_names = {"x_ptr"} if a_fp8 else set()
     fp8_names |= {"out_ptr"} if out_fp8 else set()
@@ -97,16 +98,17 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
           pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False, tma=False, tma_a=False,
-          num_warps=4):  # fmt: skip
+          num_warps=4, prefetch=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, DIRECT=direct,
-             SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a)  # fmt: skip
+             SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a, PREFETCH=prefetch)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}"
-           f"{f'_tma{int(tma_a)}_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}")  # fmt: skip
+           f"{f'_tma{int(tma_a)}_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}"
+           f"{'_prefetch' if prefetch else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag, num_warps)
 
@@ -202,6 +204,9 @@ for block_n, block_m, swap, warps in ((128, 64, False, 4), (256, 64, False, 8), 
     gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, swap=swap, num_warps=warps, up_aligned=True)
 gemm1(1, 0, True, 1, block_n=128, block_m=64, a_fp8=True, out_fp8=True, num_warps=8, up_aligned=True, tma=True)
 gemm1(1, 0, False, 4, up_aligned=True)
+for a_fp8, swap in ((True, True), (False, False)):  # fp8_block scales loaded a K step ahead (fp8_scale_prefetch)
+    gemm1(1, 0, True, 4 if swap else 1, block_n=64, a_fp8=a_fp8, swap=swap, up_aligned=True, prefetch=True)
+    gemm2(1, True, split=2 if swap else 1, block_n=256 if swap else 64, a_fp8=a_fp8, swap=swap, prefetch=True)
 for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
     gemm1(2, 2, True, 1, dt=dt)
     gemm1(2, 2, True, 1, dt=dt, swap=True)

@@ -72,6 +72,11 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _scale_prefetch(scheme: str, switches: Switches | None) -> bool:
+    """fp8_block scales loaded one K step ahead: the ``fp8_scale_prefetch`` switch (``kernels.gemm._fp8_scales1``)."""
+    return scheme == "fp8_block" and (switches or current_switches()).fp8_scale_prefetch
+
+
 def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool:
     """Inline-PTX MXFP4 decode: mxfp4, CUDA, bf16 activations and the ``mxfp4_asm`` switch (default on)."""
     if scheme != "mxfp4" or not t.is_cuda or t.dtype != torch.bfloat16:
@@ -158,8 +163,8 @@ def launch_gemm1(
     quantized, ``out_scale`` ``[rows, ceil(I/128)]`` fp32 its scales; ``round_to`` (required with it) is
     the activations' dtype, which the activated tile is rounded to first, as an unquantized intermediate
     is. ``zero`` (direct routing only): an int32 buffer GEMM1 zeroes (GEMM2's counters). ``pdl``: the
-    keywords of ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode choice (None:
-    ``current_switches()``)."""
+    keywords of ``pdl_kwargs`` (None: a plain launch); ``switches``: the MXFP4 decode and fp8_block scale
+    prefetch choices (None: ``current_switches()``)."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     inter = w.weight.shape[1] // 2
@@ -190,7 +195,7 @@ def launch_gemm1(
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         TMA=tma.applies(g.tma, w.scheme, w.weight),
-        UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
+        UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0, PREFETCH=_scale_prefetch(w.scheme, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -237,7 +242,7 @@ def launch_gemm2(
         OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
-        SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
+        SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a, PREFETCH=_scale_prefetch(w.scheme, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

@@ -54,6 +54,12 @@ class Switches:
         "K loop in every N-tile program, and GEMM2's input in GEMM1's epilogue where GEMM1's N tile covers "
         "whole 128-column groups; the same codes and scales",
     )
+    fp8_scale_prefetch: bool = _switch(
+        False,
+        "MOE_TRITON_FP8_SCALE_PREFETCH",
+        "fp8_block: load each K step's weight and activation scales one step ahead, so the step's wait for "
+        "them overlaps the previous step's work (more registers: off until measured); the same result",
+    )
     pdl: bool = _switch(
         False,
         "MOE_TRITON_PDL",

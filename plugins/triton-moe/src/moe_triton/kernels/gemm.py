@@ -135,6 +135,38 @@ def _k_slice(K, split, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok, k, stride_se, stride_sn, stride_sk,
+                 stride_xsm, UP_ALIGNED: tl.constexpr, A_FP8: tl.constexpr):  # fmt: skip
+    """GEMM1's fp8_block scales of the K block holding column ``k``: the gate and up tiles' weight scales
+    and, with ``A_FP8``, the activations' per-row scales (else zeros: GEMM1 quantizes its tile itself).
+
+    With ``PREFETCH`` (the ``fp8_scale_prefetch`` switch) each K step loads the next block's (``k`` clamped
+    to K) and uses the ones loaded a step before. Why: Triton stages only loads that feed an MMA operand
+    through shared memory; these multiply the MMA's result, so loaded in the step that uses them every
+    step waits for them, where loaded a step early the wait overlaps a whole step's work (at the cost of
+    registers that hold them across the step)."""
+    sg = _col_scale(s_ptr, expert, n, n_ok, n0, k, stride_se, stride_sn, stride_sk, True)
+    su = _col_scale(s_ptr, expert, n + N_HALF, n_ok, n0 + N_HALF, k, stride_se, stride_sn, stride_sk, UP_ALIGNED)
+    if A_FP8:
+        xs = tl.load(xs_ptr + token * stride_xsm + k // 128, mask=row_ok, other=0.0)
+    else:
+        xs = tl.zeros(row_ok.shape, tl.float32)
+    return sg, su, xs
+
+
+@triton.jit
+def _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, n0, rows, row_ok, k, stride_se, stride_sn, stride_sk, stride_asm,
+                 A_FP8: tl.constexpr):  # fmt: skip
+    """GEMM2's counterpart of ``_fp8_scales1``: the weight scales and, with ``A_FP8``, the codes' row scales."""
+    sb = _col_scale(s_ptr, expert, n, n_ok, n0, k, stride_se, stride_sn, stride_sk, True)
+    if A_FP8:
+        xs = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k // 128, mask=row_ok, other=0.0)
+    else:
+        xs = tl.zeros(row_ok.shape, tl.float32)
+    return sb, xs
+
+
+@triton.jit
 def _rows_chunk(ptr, rows, row_ok, kc, K, stride_m, stride_k, STORED_ORDER: tl.constexpr = False):
     """The activations of the MXFP4 chunk at ``kc``: the two HALF-wide tiles its bytes' low and high
     nibbles multiply (k = kc + j and kc + HALF + j); ``STORED_ORDER``: j in the bytes' stored order
@@ -189,7 +221,7 @@ def _gemm1(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
     ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
-    TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False,
+    TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
 
@@ -248,6 +280,10 @@ def _gemm1(
     if TMA:
         w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
         g_row = (expert * 2 * N_HALF + pid_n * BLOCK_N).to(tl.int32)
+    if SCHEME == FP8_BLOCK and PREFETCH:  # the first K block's scales; each step loads the next one's
+        sg_next, su_next, xs_next = _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok,
+                                                 tl.minimum(k_lo, K - 1), stride_se, stride_sn, stride_sk,
+                                                 stride_xsm, UP_ALIGNED, A_FP8)  # fmt: skip
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
@@ -273,12 +309,18 @@ def _gemm1(
                 bu = _dense_tile(w_ptr, expert, n + N_HALF, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K,
                                  SWAP_AB)  # fmt: skip
             if SCHEME == FP8_BLOCK:
-                sg = _col_scale(s_ptr, expert, n, n_ok, n0, k0, stride_se, stride_sn, stride_sk, True)
-                su = _col_scale(s_ptr, expert, n + N_HALF, n_ok, n0 + N_HALF, k0, stride_se, stride_sn, stride_sk,
-                                UP_ALIGNED)  # fmt: skip
+                if PREFETCH:
+                    sg, su, a_scale = sg_next, su_next, xs_next
+                    k_next = tl.minimum(k0 + BLOCK_K, K - 1)
+                else:
+                    k_next = k0
+                sg_next, su_next, xs_next = _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok,
+                                                         k_next, stride_se, stride_sn, stride_sk, stride_xsm,
+                                                         UP_ALIGNED, A_FP8)  # fmt: skip
+                if not PREFETCH:
+                    sg, su, a_scale = sg_next, su_next, xs_next
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
-                    a_scale = tl.load(xs_ptr + token * stride_xsm + k0 // 128, mask=row_ok, other=0.0)
                 else:
                     aq, a_scale = _quant_fp8_rows(a)
                 acc_g = _scaled_mma(aq, a_scale, bg, sg, acc_g, SWAP_AB)
@@ -347,7 +389,7 @@ def _gemm2(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
     SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
-    TMA_A: tl.constexpr = False,
+    TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K`` and ``DIRECT`` as in
     ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes
@@ -392,6 +434,10 @@ def _gemm2(
         w_row = (expert * N + pid_n * BLOCK_N).to(tl.int32)
     if TMA_A:
         a_desc = _rows_desc(a_ptr, num_m * BLOCK_M, K, stride_am, BLOCK_M, BLOCK_K)
+    if SCHEME == FP8_BLOCK and PREFETCH:  # as in _gemm1: each step loads the next K block's scales
+        sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok,
+                                        tl.minimum(k_lo, K - 1), stride_se, stride_sn, stride_sk, stride_asm,
+                                        A_FP8)  # fmt: skip
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
@@ -412,10 +458,17 @@ def _gemm2(
             else:
                 b = _dense_tile(w_ptr, expert, n, n_ok, k0, K, stride_we, stride_wn, stride_wk, BLOCK_K, SWAP_AB)
             if SCHEME == FP8_BLOCK:
-                sb = _col_scale(s_ptr, expert, n, n_ok, pid_n * BLOCK_N, k0, stride_se, stride_sn, stride_sk, True)
+                if PREFETCH:
+                    sb, a_scale = sb_next, as_next
+                    k_next = tl.minimum(k0 + BLOCK_K, K - 1)
+                else:
+                    k_next = k0
+                sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok, k_next,
+                                                stride_se, stride_sn, stride_sk, stride_asm, A_FP8)  # fmt: skip
+                if not PREFETCH:
+                    sb, a_scale = sb_next, as_next
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
-                    a_scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + k0 // 128, mask=row_ok, other=0.0)
                 else:
                     aq, a_scale = _quant_fp8_rows(a)
                 acc = _scaled_mma(aq, a_scale, b, sb, acc, SWAP_AB)
