@@ -6,6 +6,7 @@ constexpr branch the forward can take is compiled: each scheme x activation x bi
 split-K (GEMM1 partials and their in-kernel reduction), the MXFP4 chunk loop at BLOCK_K
 64/128/256, and the fp16/fp32 activations of the interpreter tests.
 ``--dump DIR`` writes each variant's TTGIR/PTX/cubin there (to inspect layouts, or diff SASS with nvdisasm).
+Importing it compiles nothing: ``sm90_loop.py`` reuses its argument types.
 """
 
 import sys
@@ -19,7 +20,7 @@ from triton.compiler import ASTSource
 from moe_triton.kernels import align, gemm
 
 target = GPUTarget("cuda", 90, 32)
-DUMP = Path(sys.argv[sys.argv.index("--dump") + 1]) if "--dump" in sys.argv else None
+DUMP: Path | None = None  # main(): --dump DIR
 WEIGHTS = {0: ("bf16", "bf16"), 1: ("fp8e4nv", "fp32"), 2: ("u8", "i32")}  # scheme -> (weight, scale) dtypes
 
 
@@ -113,123 +114,133 @@ def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, 
     build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag, num_warps)
 
 
-for scheme in (0, 1, 2):
-    for act in (0, 1, 2):
+def main() -> None:
+    """Compile every variant (``--dump DIR``: also write each one's TTGIR / PTX / cubin there)."""
+    global DUMP
+    DUMP = Path(sys.argv[sys.argv.index("--dump") + 1]) if "--dump" in sys.argv else None
+    for scheme in (0, 1, 2):
+        for act in (0, 1, 2):
+            for bias in (False, True):
+                for split in (1, 4):
+                    gemm1(scheme, act, bias, split)
         for bias in (False, True):
             for split in (1, 4):
-                gemm1(scheme, act, bias, split)
-    for bias in (False, True):
-        for split in (1, 4):
-            gemm2(scheme, bias, split=split)
-    gemm1(scheme, 0, False, 1, router=True)
-    gemm2(scheme, True, by_token=True)
-for block_k in (64, 256):  # MXFP4 chunk loop unrolled 1x and 4x (128 above)
-    gemm1(2, 2, True, 1, block_k=block_k)
-    gemm1(2, 2, True, 2, block_k=block_k)
-    gemm2(2, True, block_k=block_k)
-for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (the default on CUDA with bf16)
-    for split in (1, 2):
-        gemm1(2, 2, True, split, block_k=block_k, asm=True)
-        gemm2(2, True, block_k=block_k, asm=True, split=split)
-for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (128, 128, 64)):  # swapped operands
-    for asm in (True, False):
-        gemm1(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
-        gemm2(2, True, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
-gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
-gemm2(2, True, block_k=128, asm=True, swap=True, split=2)
-for split in (1, 4):  # fp8_block with activations quantized once per forward (the fp8_prequant switch)
-    for bias in (False, True):
-        gemm1(1, 0, bias, split, a_fp8=True)
-gemm1(1, 0, False, 1, router=True, a_fp8=True)
-for split in (1, 4):  # fp8_block: GEMM2's input quantized in GEMM1's epilogue, read as codes by GEMM2
-    for block_n, block_m in ((128, 16), (256, 64)):
-        gemm1(1, 0, True, split, block_n=block_n, block_m=block_m, a_fp8=True, out_fp8=True)
-    gemm2(1, True, split=split, a_fp8=True)
-gemm1(1, 2, False, 1, block_n=128, a_fp8=True, out_fp8=True, pdl=True)
-gemm2(1, False, by_token=True, a_fp8=True, pdl=True)
-for pdl in (False, True):
-    build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
-          dict(ROWS=16, PDL=pdl), f"quant_fp8_groups{'_pdl' if pdl else ''}")  # fmt: skip
-# programmatic dependent launch (the pdl switch): every kernel of the forward with its grid-dependency prologue
-gemm1(0, 0, False, 1, pdl=True)
-gemm1(0, 0, False, 4, pdl=True)
-gemm1(2, 2, True, 1, asm=True, pdl=True)
-gemm1(1, 0, False, 1, a_fp8=True, pdl=True)
-gemm2(0, True, pdl=True)
-gemm2(2, True, asm=True, pdl=True)
-gemm2(0, True, pdl=True, split=4)
-# direct routing at decode: one pair per row block, GEMM1 zeroing GEMM2's counters, GEMM2 summing the slots
-for scheme, asm in ((0, False), (1, False), (2, True)):
-    for split in (1, 4):
-        gemm1(scheme, 2 if scheme == 2 else 0, scheme == 2, split, asm=asm, direct=True)
-        gemm2(scheme, scheme == 2, asm=asm, split=split, direct=True, sum_slots=True)
-    gemm2(scheme, False, asm=asm, by_token=True, direct=True)
-gemm1(0, 0, False, 1, router=True, direct=True, pdl=True)
-gemm2(0, True, direct=True, sum_slots=True, pdl=True)
-gemm1(2, 2, True, 1, block_k=128, asm=True, swap=True, direct=True)
-gemm2(2, True, block_k=128, asm=True, swap=True, direct=True, sum_slots=True)
-# swapped operands in the dense main loops: bf16 and fp8_block (codes in, codes out, and quantized in the loop)
-for block_n, block_m in ((64, 16), (128, 32)):
-    gemm1(0, 0, False, 1, block_n=block_n, block_m=block_m, swap=True)
-    gemm1(0, 0, False, 4, block_n=block_n, block_m=block_m, swap=True)
-    gemm2(0, True, block_n=block_n, block_m=block_m, swap=True)
-    gemm1(1, 0, False, 1, block_n=block_n, block_m=block_m, swap=True)
-    gemm1(1, 0, True, 1, block_n=128, block_m=block_m, a_fp8=True, out_fp8=True, swap=True)
-    gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, swap=True)
-    gemm2(1, True, block_n=block_n, block_m=block_m, swap=True, split=4)
-gemm1(1, 0, False, 1, a_fp8=True, swap=True, direct=True)
-gemm2(1, False, a_fp8=True, swap=True, direct=True, sum_slots=True)
-gemm1(0, 0, False, 1, swap=True, dt="fp32")
-# tiles through tensor descriptors (GemmConfig.tma): weights, and GEMM2's aligned intermediate
-for block_n, block_k, block_m, warps in ((64, 64, 64, 4), (128, 64, 128, 8), (256, 64, 128, 8), (128, 128, 64, 8)):
-    gemm1(0, 0, False, 1, block_n=block_n, block_k=block_k, block_m=block_m, tma=True, num_warps=warps)
-    gemm2(0, False, block_n=block_n, block_k=block_k, block_m=block_m, tma=True, tma_a=True, num_warps=warps)
-gemm1(0, 2, True, 4, tma=True)
-gemm2(0, True, tma=True, split=4)
-gemm2(0, True, by_token=True, tma=True, tma_a=True)
-for block_n, block_m in ((64, 16), (128, 32)):  # swapped
-    gemm1(0, 0, False, 1, block_n=block_n, block_m=block_m, swap=True, tma=True)
-    gemm2(0, True, block_n=block_n, block_m=block_m, swap=True, tma=True, tma_a=True)
-    gemm1(1, 0, True, 1, block_n=128, block_m=block_m, a_fp8=True, out_fp8=True, swap=True, tma=True)
-    gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, swap=True, tma=True, tma_a=True)
-gemm1(0, 0, False, 1, direct=True, tma=True)
-gemm2(0, False, direct=True, sum_slots=True, tma=True)
-for block_n, block_m, warps in ((128, 64, 4), (256, 64, 8)):  # fp8_block: codes in, codes out
-    gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, out_fp8=True, tma=True, num_warps=warps)
-    gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, tma=True, tma_a=True, num_warps=warps)
-gemm1(1, 0, False, 1, tma=True)
-gemm2(1, True, split=4, tma=True, tma_a=True)
-# fp8_block with the up half's scales read as scalars (I a multiple of BLOCK_N <= 128; wider tiles load per row)
-for block_n, block_m, swap, warps in ((128, 64, False, 4), (256, 64, False, 8), (64, 16, True, 4)):
-    gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, swap=swap, num_warps=warps, up_aligned=True)
-gemm1(1, 0, True, 1, block_n=128, block_m=64, a_fp8=True, out_fp8=True, num_warps=8, up_aligned=True, tma=True)
-gemm1(1, 0, False, 4, up_aligned=True)
-for a_fp8, swap in ((True, True), (False, False)):  # fp8_block scales loaded a K step ahead (fp8_scale_prefetch)
-    gemm1(1, 0, True, 4 if swap else 1, block_n=64, a_fp8=a_fp8, swap=swap, up_aligned=True, prefetch=True)
-    gemm2(1, True, split=2 if swap else 1, block_n=256 if swap else 64, a_fp8=a_fp8, swap=swap, prefetch=True)
-for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
-    gemm1(2, 2, True, 1, dt=dt)
-    gemm1(2, 2, True, 1, dt=dt, swap=True)
-    gemm1(0, 0, False, 2, dt=dt)
-    gemm1(2, 2, True, 2, dt=dt)
-    gemm2(2, True, dt=dt)
-    gemm2(0, False, dt=dt, split=2)
-    gemm1(0, 0, False, 2, dt=dt, direct=True)
-    gemm2(0, False, dt=dt, split=2, direct=True, sum_slots=True)
-    gemm1(0, 0, False, 2, dt=dt, tma=True)
-    gemm2(0, False, dt=dt, tma=True, tma_a=True)
-
-i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
-for e, e_pow2, pair_chunk, block_chunk in ((256, 512, 256, 64), (128, 256, 16, 16)):  # prefill, decode widths
+                gemm2(scheme, bias, split=split)
+        gemm1(scheme, 0, False, 1, router=True)
+        gemm2(scheme, True, by_token=True)
+    for block_k in (64, 256):  # MXFP4 chunk loop unrolled 1x and 4x (128 above)
+        gemm1(2, 2, True, 1, block_k=block_k)
+        gemm1(2, 2, True, 2, block_k=block_k)
+        gemm2(2, True, block_k=block_k)
+    for block_k in (64, 128, 256):  # inline-PTX MXFP4 decode (the default on CUDA with bf16)
+        for split in (1, 2):
+            gemm1(2, 2, True, split, block_k=block_k, asm=True)
+            gemm2(2, True, block_k=block_k, asm=True, split=split)
+    for block_k, block_n, block_m in ((64, 64, 16), (128, 128, 16), (256, 64, 32), (128, 128, 64)):  # swapped operands
+        for asm in (True, False):
+            gemm1(2, 2, True, 1, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
+            gemm2(2, True, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
+    gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
+    gemm2(2, True, block_k=128, asm=True, swap=True, split=2)
+    for split in (1, 4):  # fp8_block with activations quantized once per forward (the fp8_prequant switch)
+        for bias in (False, True):
+            gemm1(1, 0, bias, split, a_fp8=True)
+    gemm1(1, 0, False, 1, router=True, a_fp8=True)
+    for split in (1, 4):  # fp8_block: GEMM2's input quantized in GEMM1's epilogue, read as codes by GEMM2
+        for block_n, block_m in ((128, 16), (256, 64)):
+            gemm1(1, 0, True, split, block_n=block_n, block_m=block_m, a_fp8=True, out_fp8=True)
+        gemm2(1, True, split=split, a_fp8=True)
+    gemm1(1, 2, False, 1, block_n=128, a_fp8=True, out_fp8=True, pdl=True)
+    gemm2(1, False, by_token=True, a_fp8=True, pdl=True)
     for pdl in (False, True):
-        tag = f"E={e} steps {pair_chunk}{' pdl' if pdl else ''}"
-        build(align._count, i32, dict(E=e, E_POW2=e_pow2, PAIRS=1024, WIDTH=1024, PDL=pdl), f"count {tag}")
-        build(align._plan, i32, dict(E=e, E_POW2=e_pow2, BLOCK_M=16, ROWS=16, PDL=pdl), f"plan {tag}")
-        sc = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, CHUNK=256, BLOCK_CHUNK=block_chunk, PDL=pdl)
-        build(align._scatter, i32, sc, f"scatter {tag}")
-        cp = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, WIDTH=1024, PAIR_CHUNK=pair_chunk, BLOCK_CHUNK=block_chunk, PDL=pdl)
-        build(align._plan_and_scatter, i32, cp, f"plan_and_scatter {tag}")
-for pdl in (False, True):
-    build(gemm._sum_slots, lambda n: "*i32" if n == "ids_ptr" else "*bf16" if n.endswith("_ptr") else "i32",
-          dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
-print("compiled", compiled, "kernels for sm90")
+        build(gemm._quant_fp8_groups, lambda n: {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}.get(n, "i32"),
+              dict(ROWS=16, PDL=pdl), f"quant_fp8_groups{'_pdl' if pdl else ''}")  # fmt: skip
+    # programmatic dependent launch (the pdl switch): every kernel of the forward with its grid-dependency prologue
+    gemm1(0, 0, False, 1, pdl=True)
+    gemm1(0, 0, False, 4, pdl=True)
+    gemm1(2, 2, True, 1, asm=True, pdl=True)
+    gemm1(1, 0, False, 1, a_fp8=True, pdl=True)
+    gemm2(0, True, pdl=True)
+    gemm2(2, True, asm=True, pdl=True)
+    gemm2(0, True, pdl=True, split=4)
+    # direct routing at decode: one pair per row block, GEMM1 zeroing GEMM2's counters, GEMM2 summing the slots
+    for scheme, asm in ((0, False), (1, False), (2, True)):
+        for split in (1, 4):
+            gemm1(scheme, 2 if scheme == 2 else 0, scheme == 2, split, asm=asm, direct=True)
+            gemm2(scheme, scheme == 2, asm=asm, split=split, direct=True, sum_slots=True)
+        gemm2(scheme, False, asm=asm, by_token=True, direct=True)
+    gemm1(0, 0, False, 1, router=True, direct=True, pdl=True)
+    gemm2(0, True, direct=True, sum_slots=True, pdl=True)
+    gemm1(2, 2, True, 1, block_k=128, asm=True, swap=True, direct=True)
+    gemm2(2, True, block_k=128, asm=True, swap=True, direct=True, sum_slots=True)
+    # swapped operands in the dense main loops: bf16 and fp8_block (codes in, codes out, and quantized in the loop)
+    for block_n, block_m in ((64, 16), (128, 32)):
+        gemm1(0, 0, False, 1, block_n=block_n, block_m=block_m, swap=True)
+        gemm1(0, 0, False, 4, block_n=block_n, block_m=block_m, swap=True)
+        gemm2(0, True, block_n=block_n, block_m=block_m, swap=True)
+        gemm1(1, 0, False, 1, block_n=block_n, block_m=block_m, swap=True)
+        gemm1(1, 0, True, 1, block_n=128, block_m=block_m, a_fp8=True, out_fp8=True, swap=True)
+        gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, swap=True)
+        gemm2(1, True, block_n=block_n, block_m=block_m, swap=True, split=4)
+    gemm1(1, 0, False, 1, a_fp8=True, swap=True, direct=True)
+    gemm2(1, False, a_fp8=True, swap=True, direct=True, sum_slots=True)
+    gemm1(0, 0, False, 1, swap=True, dt="fp32")
+    # tiles through tensor descriptors (GemmConfig.tma): weights, and GEMM2's aligned intermediate
+    for block_n, block_k, block_m, warps in ((64, 64, 64, 4), (128, 64, 128, 8), (256, 64, 128, 8), (128, 128, 64, 8)):
+        gemm1(0, 0, False, 1, block_n=block_n, block_k=block_k, block_m=block_m, tma=True, num_warps=warps)
+        gemm2(0, False, block_n=block_n, block_k=block_k, block_m=block_m, tma=True, tma_a=True, num_warps=warps)
+    gemm1(0, 2, True, 4, tma=True)
+    gemm2(0, True, tma=True, split=4)
+    gemm2(0, True, by_token=True, tma=True, tma_a=True)
+    for block_n, block_m in ((64, 16), (128, 32)):  # swapped
+        gemm1(0, 0, False, 1, block_n=block_n, block_m=block_m, swap=True, tma=True)
+        gemm2(0, True, block_n=block_n, block_m=block_m, swap=True, tma=True, tma_a=True)
+        gemm1(1, 0, True, 1, block_n=128, block_m=block_m, a_fp8=True, out_fp8=True, swap=True, tma=True)
+        gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, swap=True, tma=True, tma_a=True)
+    gemm1(0, 0, False, 1, direct=True, tma=True)
+    gemm2(0, False, direct=True, sum_slots=True, tma=True)
+    for block_n, block_m, warps in ((128, 64, 4), (256, 64, 8)):  # fp8_block: codes in, codes out
+        gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, out_fp8=True, tma=True, num_warps=warps)
+        gemm2(1, True, block_n=block_n, block_m=block_m, a_fp8=True, tma=True, tma_a=True, num_warps=warps)
+    gemm1(1, 0, False, 1, tma=True)
+    gemm2(1, True, split=4, tma=True, tma_a=True)
+    # fp8_block with the up half's scales read as scalars (I a multiple of BLOCK_N <= 128; wider tiles load per row)
+    for block_n, block_m, swap, warps in ((128, 64, False, 4), (256, 64, False, 8), (64, 16, True, 4)):
+        gemm1(1, 0, True, 1, block_n=block_n, block_m=block_m, a_fp8=True, swap=swap, num_warps=warps, up_aligned=True)
+    gemm1(1, 0, True, 1, block_n=128, block_m=64, a_fp8=True, out_fp8=True, num_warps=8, up_aligned=True, tma=True)
+    gemm1(1, 0, False, 4, up_aligned=True)
+    for a_fp8, swap in ((True, True), (False, False)):  # fp8_block scales loaded a K step ahead (fp8_scale_prefetch)
+        gemm1(1, 0, True, 4 if swap else 1, block_n=64, a_fp8=a_fp8, swap=swap, up_aligned=True, prefetch=True)
+        gemm2(1, True, split=2 if swap else 1, block_n=256 if swap else 64, a_fp8=a_fp8, swap=swap, prefetch=True)
+    for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
+        gemm1(2, 2, True, 1, dt=dt)
+        gemm1(2, 2, True, 1, dt=dt, swap=True)
+        gemm1(0, 0, False, 2, dt=dt)
+        gemm1(2, 2, True, 2, dt=dt)
+        gemm2(2, True, dt=dt)
+        gemm2(0, False, dt=dt, split=2)
+        gemm1(0, 0, False, 2, dt=dt, direct=True)
+        gemm2(0, False, dt=dt, split=2, direct=True, sum_slots=True)
+        gemm1(0, 0, False, 2, dt=dt, tma=True)
+        gemm2(0, False, dt=dt, tma=True, tma_a=True)
+
+    i32 = lambda n: "*i32" if n.endswith("_ptr") else "i32"
+    for e, e_pow2, pair_chunk, block_chunk in ((256, 512, 256, 64), (128, 256, 16, 16)):  # prefill, decode widths
+        for pdl in (False, True):
+            tag = f"E={e} steps {pair_chunk}{' pdl' if pdl else ''}"
+            build(align._count, i32, dict(E=e, E_POW2=e_pow2, PAIRS=1024, WIDTH=1024, PDL=pdl), f"count {tag}")
+            build(align._plan, i32, dict(E=e, E_POW2=e_pow2, BLOCK_M=16, ROWS=16, PDL=pdl), f"plan {tag}")
+            sc = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, CHUNK=256, BLOCK_CHUNK=block_chunk, PDL=pdl)
+            build(align._scatter, i32, sc, f"scatter {tag}")
+            cp = dict(
+                E=e, E_POW2=e_pow2, BLOCK_M=16, WIDTH=1024, PAIR_CHUNK=pair_chunk, BLOCK_CHUNK=block_chunk, PDL=pdl
+            )
+            build(align._plan_and_scatter, i32, cp, f"plan_and_scatter {tag}")
+    for pdl in (False, True):
+        build(gemm._sum_slots, lambda n: "*i32" if n == "ids_ptr" else "*bf16" if n.endswith("_ptr") else "i32",
+              dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
+    print("compiled", compiled, "kernels for sm90")
+
+
+if __name__ == "__main__":
+    main()

@@ -23,12 +23,10 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-#: scheme -> (code of the kernels' SCHEME constexpr, weight pointer type, scale pointer type, activation)
-SCHEMES = {"bf16": (0, "*bf16", "*bf16", 0), "fp8_block": (1, "*fp8e4nv", "*fp32", 0), "mxfp4": (2, "*u8", "*i32", 2)}
+#: scheme -> (code of the kernels' SCHEME constexpr, the forward's usual activation there)
+SCHEMES = {"bf16": (0, 0), "fp8_block": (1, 0), "mxfp4": (2, 2)}
 #: arguments a launch passes as 1 (Triton specializes them into constants)
 UNIT_STRIDES = {"stride_xk", "stride_wk", "stride_on", "stride_sn", "stride_pn", "stride_bn", "stride_ak"}
-INDEX_POINTERS = {"sorted_ptr", "block_expert_ptr", "offsets_ptr", "count_ptr", "zero_ptr", "slot_count_ptr"}
-FP32_POINTERS = {"topk_w_ptr", "mult_ptr", "xs_ptr", "os_ptr", "as_ptr", "part_ptr"}
 #: the instructions counted in the loop
 COUNTED = re.compile(r"(?:ld|st)\.(?:shared|global)[a-z0-9.]*|ldmatrix[a-z0-9.]*|stmatrix[a-z0-9.]*|cp\.async\.c[ag]"
                      r"[a-z0-9.]*|wgmma\.mma_async|mma\.sync|shfl[a-z0-9.]*|prmt")  # fmt: skip
@@ -38,7 +36,7 @@ def constexprs(kernel: str, scheme: str, overrides: list[str]) -> dict:
     """The kernel's constexprs: the forward's usual bf16 setting for ``scheme``, then ``NAME=VALUE`` overrides."""
     import triton.language as tl
 
-    code, _, _, activation = SCHEMES[scheme]
+    code, activation = SCHEMES[scheme]
     c = dict(TOP_K=4, SCHEME=code, ACTIVATION=activation, HAS_BIAS=True, ROUTER_ON_INPUT=False, PRECISION="tf32",
              SPLIT_K=1, DECODE_ASM=scheme == "mxfp4", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, SWAP_AB=False,
              A_FP8=False, OUT_FP8=False, ROUND=tl.bfloat16, DIRECT=False, PDL=False, TMA=False, UP_ALIGNED=False,
@@ -53,13 +51,14 @@ def constexprs(kernel: str, scheme: str, overrides: list[str]) -> dict:
 
 def build(kernel: str, scheme: str, overrides: list[str], warps: int, stages: int):
     import triton
+    from compile_sm90 import gemm_types, weight_types  # the argument types of every compiled variant
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from moe_triton.kernels import gemm
 
     fn = gemm._gemm1 if kernel == "gemm1" else gemm._gemm2
-    _, w_type, s_type, _ = SCHEMES[scheme]
+    types = gemm_types("bf16", *weight_types(SCHEMES[scheme][0], "bf16"))
     given = constexprs(kernel, scheme, overrides)
     c = {k: v for k, v in given.items() if k in fn.arg_names}
     sig, attrs = {}, {}
@@ -70,15 +69,10 @@ def build(kernel: str, scheme: str, overrides: list[str], warps: int, stages: in
             sig[name], c[name] = "constexpr", 1
         elif name.endswith("_ptr"):
             codes = (name in ("x_ptr", "a_ptr") and given["A_FP8"]) or (name == "out_ptr" and given["OUT_FP8"])
-            sig[name] = {"w_ptr": w_type, "s_ptr": s_type}.get(name) or (
-                "*fp8e4nv" if codes else "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS
-                else "*bf16"
-            )  # fmt: skip
+            sig[name] = "*fp8e4nv" if codes else types(name)
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in ("alpha", "limit"):
-            sig[name] = "fp32"
         else:
-            sig[name] = "i32"
+            sig[name] = types(name)
             if name.startswith("stride") or name in ("K", "N", "N_HALF"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, c, attrs)

@@ -56,6 +56,7 @@ from moe_triton.kernels.operands import (
     _col_scale,
     _dense_tile,
     _dense_tile_tma,
+    _fragment_order,
     _mxfp4_chunk,
     _pdl_start,
     _quant_fp8_rows,
@@ -176,15 +177,8 @@ def _rows_chunk(ptr, rows, row_ok, kc, K, stride_m, stride_k, STORED_ORDER: tl.c
     lo = _rows_tile(ptr, rows, row_ok, kk, K, stride_m, stride_k)
     hi = _rows_tile(ptr, rows, row_ok, kk + HALF, K, stride_m, stride_k)
     if STORED_ORDER:
-        lo, hi = _to_stored_order(lo), _to_stored_order(hi)
+        lo, hi = _fragment_order(lo, True), _fragment_order(hi, True)
     return lo, hi
-
-
-@triton.jit
-def _to_stored_order(t):
-    """``[rows, 32]`` in K order -> the stored MXFP4 byte order: [.., s, h, c, e] -> [.., s, c, h, e]."""
-    rows: tl.constexpr = t.shape[0]
-    return tl.reshape(tl.permute(tl.reshape(t, [rows, 2, 2, 4, 2]), [0, 1, 3, 2, 4]), [rows, HALF])
 
 
 @triton.jit
@@ -311,14 +305,14 @@ def _gemm1(
             if SCHEME == FP8_BLOCK:
                 if PREFETCH:
                     sg, su, a_scale = sg_next, su_next, xs_next
-                    k_next = tl.minimum(k0 + BLOCK_K, K - 1)
+                    sg_next, su_next, xs_next = _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token,
+                                                             row_ok, tl.minimum(k0 + BLOCK_K, K - 1), stride_se,
+                                                             stride_sn, stride_sk, stride_xsm, UP_ALIGNED,
+                                                             A_FP8)  # fmt: skip
                 else:
-                    k_next = k0
-                sg_next, su_next, xs_next = _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok,
-                                                         k_next, stride_se, stride_sn, stride_sk, stride_xsm,
-                                                         UP_ALIGNED, A_FP8)  # fmt: skip
-                if not PREFETCH:
-                    sg, su, a_scale = sg_next, su_next, xs_next
+                    sg, su, a_scale = _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok, k0,
+                                                   stride_se, stride_sn, stride_sk, stride_xsm, UP_ALIGNED,
+                                                   A_FP8)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                 else:
@@ -460,13 +454,12 @@ def _gemm2(
             if SCHEME == FP8_BLOCK:
                 if PREFETCH:
                     sb, a_scale = sb_next, as_next
-                    k_next = tl.minimum(k0 + BLOCK_K, K - 1)
+                    sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok,
+                                                    tl.minimum(k0 + BLOCK_K, K - 1), stride_se, stride_sn, stride_sk,
+                                                    stride_asm, A_FP8)  # fmt: skip
                 else:
-                    k_next = k0
-                sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok, k_next,
-                                                stride_se, stride_sn, stride_sk, stride_asm, A_FP8)  # fmt: skip
-                if not PREFETCH:
-                    sb, a_scale = sb_next, as_next
+                    sb, a_scale = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok, k0,
+                                               stride_se, stride_sn, stride_sk, stride_asm, A_FP8)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                 else:

@@ -130,7 +130,7 @@ def _mxfp4_chunk(
     reshape and permute that stays within each thread's 4-byte runs), for a tile that feeds Hopper's
     warp-group MMA (swapped, or at least 64 rows), whose register operand must hold K in its own order;
     else in the stored order, for the smaller tiles' MMA, which takes K in any order as long as the
-    activations are read in that order too (``_rows_chunk(..., STORED_ORDER=True)``).
+    activations are read in that order too (``_rows_chunk(..., STORED_ORDER=True)``); ``_fragment_order``.
     """
     byte = kc // 2 + tl.arange(0, HALF)
     s_ok = n_ok & (kc + 0 * n < K)  # a tensor compare: the interpreter cannot mask with tensor & scalar bool
@@ -145,13 +145,8 @@ def _mxfp4_chunk(
     else:
         n2, byte2, s_ok2, s_lo, s_hi = n[None, :], byte[:, None], s_ok[None, :], s_lo[None, :], s_hi[None, :]
     packed = tl.load(w_ptr + expert * stride_we + n2 * stride_wn + byte2 * stride_wk, mask=s_ok2, other=0)
-    if IN_ORDER:  # [.., s, c, h, e] -> [.., s, h, c, e] along the 32 bytes
-        if N_ROWS:
-            rows: tl.constexpr = packed.shape[0]
-            packed = tl.reshape(tl.permute(tl.reshape(packed, [rows, 2, 4, 2, 2]), [0, 1, 3, 2, 4]), [rows, HALF])
-        else:
-            cols: tl.constexpr = packed.shape[1]
-            packed = tl.reshape(tl.permute(tl.reshape(packed, [2, 4, 2, 2, cols]), [0, 2, 1, 3, 4]), [HALF, cols])
+    if IN_ORDER:
+        packed = _fragment_order(packed, False) if N_ROWS else tl.trans(_fragment_order(tl.trans(packed), False))
     if DECODE_ASM and DTYPE == tl.bfloat16:
         lo = _e2m1_scaled_asm(packed, s_lo, False)
         hi = _e2m1_scaled_asm(packed, s_hi, True)
@@ -159,6 +154,18 @@ def _mxfp4_chunk(
         lo = _scaled(_e2m1_half(packed, False, DTYPE), s_lo, DTYPE)
         hi = _scaled(_e2m1_half(packed, True, DTYPE), s_hi, DTYPE)
     return lo, hi
+
+
+@triton.jit
+def _fragment_order(t, TO_STORED: tl.constexpr):
+    """``[rows, 32]`` between K order and the stored MXFP4 byte order (``moe_triton.layout.FRAGMENT_ORDER``:
+    position ``16s + 4c + 2h + e`` holds K ``16s + 8h + 2c + e``); ``TO_STORED``: K order -> stored."""
+    rows: tl.constexpr = t.shape[0]
+    if TO_STORED:  # [.., s, h, c, e] -> [.., s, c, h, e]
+        t = tl.permute(tl.reshape(t, [rows, 2, 2, 4, 2]), [0, 1, 3, 2, 4])
+    else:  # [.., s, c, h, e] -> [.., s, h, c, e]
+        t = tl.permute(tl.reshape(t, [rows, 2, 4, 2, 2]), [0, 1, 3, 2, 4])
+    return tl.reshape(t, [rows, HALF])
 
 
 @triton.jit
