@@ -120,7 +120,14 @@ def main(argv=None) -> int:
     parser.add_argument("--output", help="write every row (with its setting) as JSON here")
     parser.add_argument("--settings", help=f"comma-separated settings to time besides base (default all: "
                                            f"{', '.join(SETTINGS)})")  # fmt: skip
+    parser.add_argument("--schemes", help=f"comma-separated schemes to time (default all: "
+                                          f"{', '.join(s for s, _ in RUNS)})")  # fmt: skip
     args = parser.parse_args(argv)
+    schemes = set(args.schemes.split(",")) if args.schemes else {s for s, _ in RUNS}
+    if schemes - {s for s, _ in RUNS}:
+        parser.error(
+            f"unknown scheme(s) {sorted(schemes - {s for s, _ in RUNS})}; known: {', '.join(s for s, _ in RUNS)}"
+        )
     chosen = set(args.settings.split(",")) if args.settings else None
     if chosen and chosen - set(SETTINGS):
         parser.error(f"unknown setting(s) {sorted(chosen - set(SETTINGS))}; known: {', '.join(SETTINGS)}")
@@ -136,6 +143,8 @@ def main(argv=None) -> int:
     ceilings = measure_ceilings(device)
     rows = []
     for scheme, presets in RUNS:
+        if scheme not in schemes:
+            continue
         for preset in presets:
             print(f"{preset} {scheme}: {', '.join(label for label, _ in settings_for(scheme, chosen))}", flush=True)
             rows += bench_preset(scheme, preset, tokens, ceilings, device, args.repeat, chosen=chosen)
