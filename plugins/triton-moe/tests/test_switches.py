@@ -55,7 +55,7 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
         "split_k": ("MOE_TRITON_SPLIT_K", 0),
         "mxfp4_asm": ("MOE_TRITON_MXFP4_ASM", True),
         "fp8_prequant": ("MOE_TRITON_FP8_PREQUANT", True),
-        "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", False),
+        "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", True),
         "pdl": ("MOE_TRITON_PDL", False),
         "direct": ("MOE_TRITON_DIRECT", True),
         "fast_launch": ("MOE_TRITON_FAST_LAUNCH", True),
@@ -173,3 +173,11 @@ def test_a_forward_reads_the_switches_once_and_passes_them_down(monkeypatch, gem
 def test_pdl_switch_is_off_on_the_cpu():
     with switches.override(pdl=True):
         assert launch.pdl_kwargs(torch.device("cpu")) == {}
+
+
+def test_fp8_scales_are_prefetched_only_in_decode_tiles():
+    on, off = switches.Switches(fp8_scale_prefetch=True), switches.Switches(fp8_scale_prefetch=False)
+    assert launch._scale_prefetch("fp8_block", launch.PREFETCH_MAX_BLOCK_M, on)
+    assert not launch._scale_prefetch("fp8_block", 2 * launch.PREFETCH_MAX_BLOCK_M, on)
+    assert not launch._scale_prefetch("fp8_block", launch.PREFETCH_MAX_BLOCK_M, off)
+    assert not launch._scale_prefetch("bf16", launch.PREFETCH_MAX_BLOCK_M, on)

@@ -3,8 +3,8 @@
 Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the switches' defaults, whatever
 the environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent launch), ``in-loop``
 (``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
-(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``scale-prefetch`` (fp8_block scales
-loaded one K step ahead) and ``unsplit`` (``split_k=1``:
+(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``in-step-scales`` (fp8_block decode tiles
+load their scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``:
 GEMM1 never splits K, whatever the table says), ``aligned`` (``direct`` off: the alignment and slot-sum
 launches at decode too) and ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
 rule: the measurement that rule stands on). Each (preset, scheme, M) row is timed under every
@@ -32,7 +32,7 @@ SETTINGS = {
     "in-loop": ({"fp8_prequant": False}, {"fp8_block"}),
     "pdl+in-loop": ({"pdl": True, "fp8_prequant": False}, {"fp8_block"}),
     "bitops": ({"mxfp4_asm": False}, {"mxfp4"}),
-    "scale-prefetch": ({"fp8_scale_prefetch": True}, {"fp8_block"}),
+    "in-step-scales": ({"fp8_scale_prefetch": False}, {"fp8_block"}),
     "unsplit": ({"split_k": 1}, None),
     "aligned": ({"direct": False}, None),
     "direct-all": ({"direct": True}, None),  # and the rule forced open: see forced_direct

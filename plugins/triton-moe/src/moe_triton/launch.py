@@ -72,9 +72,20 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _scale_prefetch(scheme: str, switches: Switches | None) -> bool:
-    """fp8_block scales loaded one K step ahead: the ``fp8_scale_prefetch`` switch (``kernels.gemm._fp8_scales1``)."""
-    return scheme == "fp8_block" and (switches or current_switches()).fp8_scale_prefetch
+#: the largest BLOCK_M whose fp8_block tiles load their scales a K step ahead (the ``fp8_scale_prefetch``
+#: switch): in 16-row tiles the scale loads' latency is exposed and prefetching it pays; 32-row tiles lose
+#: more to the extra registers (results/README.md, fp8_block scale prefetch)
+PREFETCH_MAX_BLOCK_M = 16
+
+
+def _scale_prefetch(scheme: str, block_m: int, switches: Switches | None) -> bool:
+    """fp8_block scales loaded one K step ahead (``kernels.gemm._fp8_scales1``): the ``fp8_scale_prefetch``
+    switch, in tiles of at most ``PREFETCH_MAX_BLOCK_M`` rows."""
+    return (
+        scheme == "fp8_block"
+        and block_m <= PREFETCH_MAX_BLOCK_M
+        and (switches or current_switches()).fp8_scale_prefetch
+    )
 
 
 def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool:
@@ -194,8 +205,8 @@ def launch_gemm1(
         HAS_BIAS=w.bias is not None, ROUTER_ON_INPUT=r.router_on_input, PRECISION=_precision(x.dtype),
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
-        TMA=tma.applies(g.tma, w.scheme, w.weight),
-        UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0, PREFETCH=_scale_prefetch(w.scheme, switches),
+        TMA=tma.applies(g.tma, w.scheme, w.weight), UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
+        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -242,7 +253,8 @@ def launch_gemm2(
         OUT_BY_TOKEN=by_token, PRECISION=_precision(y.dtype), SPLIT_K=split_k,
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
-        SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a, PREFETCH=_scale_prefetch(w.scheme, switches),
+        SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
+        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

@@ -55,10 +55,11 @@ class Switches:
         "whole 128-column groups; the same codes and scales",
     )
     fp8_scale_prefetch: bool = _switch(
-        False,
+        True,
         "MOE_TRITON_FP8_SCALE_PREFETCH",
-        "fp8_block: load each K step's weight and activation scales one step ahead, so the step's wait for "
-        "them overlaps the previous step's work (more registers: off until measured); the same result",
+        "fp8_block: in 16-row (decode) tiles load each K step's weight and activation scales one step ahead, "
+        "so the step's wait for them overlaps the previous step's work; larger tiles load them in the step "
+        "(launch.PREFETCH_MAX_BLOCK_M: there the extra registers cost more than the wait); the same result",
     )
     pdl: bool = _switch(
         False,
