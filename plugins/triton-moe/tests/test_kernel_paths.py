@@ -450,3 +450,72 @@ def test_fp8_block_k_steps_use_their_own_blocks_scales(prefetch, prequant, swap,
     with switches.override(fp8_prequant=prequant, fp8_scale_prefetch=prefetch):
         out = _forward(cfg, weights, x, ids, tw, _kc(128, split, block_n, block_m, swap))
     assert relative_l2(out, reference_for(cfg, weights, x, ids, tw)) < 0.2
+
+
+# scheme, dtype, top_k, tokens, BLOCK_M, GEMM2 split, swapped GEMM2, multi-program alignment, invalid ids
+SLOT_SUM_CASES = [
+    ("fp32", FLOAT, 2, 9, 16, 1, False, False, True),  # 18 pairs over 8 experts, one slot on no expert
+    ("fp32", FLOAT, 4, 12, 16, 2, False, True, True),  # GEMM2 split, the three-launch alignment, a bad token
+    ("fp32", FLOAT, 3, 7, 32, 3, False, False, False),  # odd k, 32-row blocks, split unevenly
+    ("mxfp4", HALF, 4, 6, 16, 1, True, False, True),
+]
+
+
+@pytest.mark.parametrize("scheme,dtype,top_k,m,block_m,split2,swap,multi,invalid", SLOT_SUM_CASES)
+def test_gemm2_slot_sum_is_the_sum_launch_bitwise(monkeypatch, scheme, dtype, top_k, m, block_m, split2, swap,
+                                                  multi, invalid):  # fmt: skip
+    """The aligned forward's slot sum in GEMM2 (``gemm2_slot_sum``: arrival counters per (token, N tile), the
+    k-th arrival sums) is bitwise the separate ``_sum_slots`` launch: the same rows in the same order, a
+    null-segment pair's row zeroed and summed where the launch skips it. Every token's k slots sit in
+    different blocks (8 experts), so a token's sum waits for other programs' stores."""
+    from moe_triton.kernels import align as align_mod
+
+    if multi:
+        monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 8)
+    if scheme == "fp32":
+        scheme = "bf16" if CUDA else "fp32"
+    cfg = MoeConfig(8, top_k, 128, 96 if scheme != "mxfp4" else 128, quant_scheme=scheme, activation="silu",
+                    dtype=dtype, has_bias=True)  # fmt: skip
+    weights = random_weights(cfg, DEVICE, seed=5)
+    x, ids, tw = random_inputs(cfg, m, DEVICE, seed=6)
+    if invalid:
+        ids[0, -1] = -1
+        ids[m - 1] = 8  # every slot of the last token outside [0, E): its output is zero
+    assert not kernel_configs.direct_decode(m, top_k, cfg.num_experts)
+    block_k = 64 if scheme == "mxfp4" else 32
+    tiles = _kc(block_k, 1, block_n=64 if swap else 32, block_m=block_m, swap=(False, swap), split2=split2)
+    with switches.override(gemm2_slot_sum=False):
+        launched = _forward(cfg, weights, x, ids, tw, tiles)
+    with switches.override(gemm2_slot_sum=True):
+        fused = _forward(cfg, weights, x, ids, tw, tiles)
+        assert torch.equal(_forward(cfg, weights, x, ids, tw, tiles), fused)  # the counters were left zero
+    assert torch.equal(fused, launched)
+    if invalid:
+        assert not fused[m - 1].any()
+    err = relative_l2(fused, reference_for(cfg, weights, x, ids, tw))
+    assert err <= tolerance(scheme, dtype), err
+
+
+def test_the_aligned_forward_launches_no_slot_sum_kernel(monkeypatch):
+    """With ``gemm2_slot_sum`` (the default) the aligned forward's last launch is GEMM2: ``_sum_slots``
+    is never launched, and GEMM2 gets the slot counters."""
+
+    class NoSumSlots:
+        def __getitem__(self, grid):
+            raise AssertionError("the aligned forward launched _sum_slots")
+
+    seen = []
+    real = launch.launch_gemm2
+
+    def gemm2(*args, **kwargs):
+        seen.append(kwargs.get("slot_sum"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch.gemm, "_sum_slots", NoSumSlots())
+    monkeypatch.setattr(launch, "launch_gemm2", gemm2)
+    cfg = MoeConfig(8, 2, 128, 96, quant_scheme="bf16" if CUDA else "fp32", activation="silu", dtype=FLOAT)
+    weights = random_weights(cfg, DEVICE)
+    x, ids, tw = random_inputs(cfg, 9, DEVICE)
+    out = _forward(cfg, weights, x, ids, tw, _kc(32, 1))
+    assert len(seen) == 1 and seen[0] is not None and seen[0].counters.numel() == 9 * 4
+    assert relative_l2(out, reference_for(cfg, weights, x, ids, tw)) <= tolerance(cfg.quant_scheme, FLOAT)
