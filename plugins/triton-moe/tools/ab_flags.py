@@ -1,14 +1,13 @@
 """A/B the forward's runtime switches on a GPU, every setting in this one process.
 
-Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the switches' defaults, whatever the
-environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent launch), ``in-loop``
-(``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops`` (``mxfp4_asm``
-off: the Triton bit-op E2M1 decode instead of inline PTX), ``in-step-scales`` (fp8_block decode tiles load their
-scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``: GEMM1 never splits K, whatever the
-table says), ``aligned`` (``direct`` off: the alignment at decode too), ``sum-launch`` (``gemm2_slot_sum`` off:
-the aligned forward's slot sum in its own launch after GEMM2) and ``direct-all`` (direct routing at every M,
-past ``kernel_configs.direct_decode``'s rule: the measurement that rule stands on).
-Each (preset, scheme, M) row is timed under every
+Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the switches' defaults, whatever
+the environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent launch), ``in-loop``
+(``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
+(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``in-step-scales`` (fp8_block decode tiles
+load their scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``:
+GEMM1 never splits K, whatever the table says), ``aligned`` (``direct`` off: the alignment and slot-sum
+launches at decode too) and ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
+rule: the measurement that rule stands on). Each (preset, scheme, M) row is timed under every
 setting that applies to its scheme, one after another on the same weights and inputs, as ``moe bench``
 times a row (CUDA-graph replay, median; a fresh graph per setting): bf16 on the four model presets,
 fp8_block on deepseek-v3-tp8 and mxfp4 on gpt-oss-120b, at decode sizes. Prints each setting's time
@@ -36,7 +35,6 @@ SETTINGS = {
     "in-step-scales": ({"fp8_scale_prefetch": False}, {"fp8_block"}),
     "unsplit": ({"split_k": 1}, None),
     "aligned": ({"direct": False}, None),
-    "sum-launch": ({"gemm2_slot_sum": False}, None),
     "direct-all": ({"direct": True}, None),  # and the rule forced open: see forced_direct
 }
 

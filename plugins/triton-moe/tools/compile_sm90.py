@@ -173,12 +173,6 @@ def main() -> None:
     gemm2(0, True, direct=True, sum_slots=True, pdl=True)
     gemm1(2, 2, True, 1, block_k=128, asm=True, swap=True, direct=True)
     gemm2(2, True, block_k=128, asm=True, swap=True, direct=True, sum_slots=True)
-    # GEMM2 summing the slots of aligned blocks (gemm2_slot_sum): each scheme, split, swapped, descriptors
-    gemm2(0, True, sum_slots=True)
-    gemm2(0, True, sum_slots=True, split=4)
-    gemm2(0, False, block_n=128, block_k=64, block_m=128, tma=True, tma_a=True, num_warps=8, sum_slots=True)
-    gemm2(1, True, block_n=128, block_m=32, a_fp8=True, swap=True, sum_slots=True)
-    gemm2(2, True, asm=True, swap=True, block_n=128, sum_slots=True)
     # swapped operands in the dense main loops: bf16 and fp8_block (codes in, codes out, and quantized in the loop)
     for block_n, block_m in ((64, 16), (128, 32)):
         gemm1(0, 0, False, 1, block_n=block_n, block_m=block_m, swap=True)

@@ -77,8 +77,8 @@ class SplitK(NamedTuple):
 
 
 class SlotSum(NamedTuple):
-    """GEMM2 sums the k slots itself (k > 1): into ``out`` ``[M, H]``, counting each token's (pair, N tile)
-    rows in with ``counters`` (int32, one per (token, N tile), zero before the launch)."""
+    """GEMM2 sums the k slots itself (direct routing, k > 1): into ``out`` ``[M, H]``, counting each token's
+    (pair, N tile) programs in with ``counters`` (int32, one per (token, N tile), zero before the launch)."""
 
     out: torch.Tensor
     counters: torch.Tensor

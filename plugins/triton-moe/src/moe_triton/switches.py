@@ -73,13 +73,6 @@ class Switches:
         "at decode (kernel_configs.direct_decode) skip the alignment: one GEMM row block per (token, slot) "
         "pair, GEMM2 summing the slots itself, two launches in all; the same result",
     )
-    gemm2_slot_sum: bool = _switch(
-        True,
-        "MOE_TRITON_GEMM2_SLOT_SUM",
-        "aligned routing, k > 1: GEMM2 sums each token's k slots itself (the last of its programs to store "
-        "one of the token's rows, through arrival counters the alignment zeroes) instead of a separate "
-        "slot-sum launch after it; the same result",
-    )
     fast_launch: bool = _switch(
         True,
         "MOE_TRITON_FAST_LAUNCH",

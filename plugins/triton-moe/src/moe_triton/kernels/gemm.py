@@ -389,12 +389,11 @@ def _gemm2(
     ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes
     and ``as`` the scales that GEMM1's ``OUT_FP8`` epilogue wrote.
 
-    ``SUM_SLOTS`` (k > 1): after storing its rows of ``[M*k, H]`` each program counts every (pair, N tile)
-    in at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch), and the
-    program bringing a token's count to k sums the token's k rows into ``sum_ptr`` ``[M, H]``: the order
-    and arithmetic of ``_sum_slots``, so no separate launch. ``DIRECT`` (``_slot_sum``): the flat ids it
-    skips invalid slots by are ``block_expert_ptr``'s, as direct routing passes them; aligned
-    (``_slot_sum_rows``): the null segment's programs write zeros to their pairs' rows instead.
+    ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
+    program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
+    and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
+    order and arithmetic of ``_sum_slots``, so no separate launch; the flat ids it skips invalid slots by
+    are ``block_expert_ptr``'s, as direct routing passes them.
 
     ``TMA``: the weight tiles through a descriptor over ``[E * H, K]``, as in ``_gemm1``. ``TMA_A``
     (aligned routing: a block's rows are consecutive rows of ``a``): ``a``'s tiles through a descriptor
@@ -413,17 +412,10 @@ def _gemm2(
             zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
             tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
                      mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
-        if SUM_SLOTS and split == 0:
-            if DIRECT:  # counted in, its slot left out of the sum (its id is invalid)
-                _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
-                          tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
-            else:  # its pairs' rows zeroed and counted in: the sum adds zero for them
-                zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
-                tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, False), zero,
-                         mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
-                _slot_sum_rows(out_ptr, sum_ptr, slot_count_ptr, pair, row_ok, pid_n, n, n_ok, tl.cdiv(N, BLOCK_N),
-                               stride_om, stride_sm, TOP_K, BLOCK_M, BLOCK_N)  # fmt: skip
-        return  # k > 1 without SUM_SLOTS: the slot-sum launch leaves this pair's slot out
+        if SUM_SLOTS and split == 0:  # counted in, its slot left out of the sum
+            _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                      tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+        return  # k > 1: the slot sum leaves this pair's slot out
     dot_dtype = out_ptr.dtype.element_ty
     in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
     if SWAP_AB:
@@ -498,12 +490,8 @@ def _gemm2(
         mask=out_mask,
     )
     if SUM_SLOTS:
-        if DIRECT:
-            _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
-                      tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
-        else:
-            _slot_sum_rows(out_ptr, sum_ptr, slot_count_ptr, pair, row_ok, pid_n, n, n_ok, tl.cdiv(N, BLOCK_N),
-                           stride_om, stride_sm, TOP_K, BLOCK_M, BLOCK_N)  # fmt: skip
+        _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                  tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -530,26 +518,6 @@ def _slot_sum(y_ptr, sum_ptr, ids_ptr, count_ptr, t, pid_n, n, n_ok, num_n, stri
         tl.atomic_xchg(counter, 0)
         acc = _slot_terms(y_ptr, ids_ptr, t.to(tl.int64), n, n_ok, stride_ym, num_experts, TOP_K, BLOCK_N, ".cg")
         tl.store(sum_ptr + t.to(tl.int64) * stride_sm + n, acc.to(sum_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def _slot_sum_rows(y_ptr, sum_ptr, count_ptr, pair, row_ok, pid_n, n, n_ok, num_n, stride_ym, stride_sm,
-                   TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """``_slot_sum`` for an aligned row block: each row's (pair, N tile) counts in at its token's counter,
-    and for the tokens whose k-th arrival it is this program sums their k rows of ``y`` (slot order, fp32,
-    read past L1) into ``sum_ptr`` and zeroes their counters. Every slot is summed: a null-segment pair's
-    row holds the zeros its GEMM2 program wrote, so the result is ``_sum_slots``'s."""
-    tl.debug_barrier()  # every thread's stores of this tile precede the releases below
-    t = (pair // TOP_K).to(tl.int64)
-    counter = count_ptr + t * num_n + pid_n
-    done = row_ok & (tl.atomic_add(counter, 1, mask=row_ok, sem="acq_rel") == TOP_K - 1)
-    tl.atomic_xchg(counter, 0, mask=done)
-    mask = done[:, None] & n_ok[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        acc += tl.load(y_ptr + (t * TOP_K + j)[:, None] * stride_ym + n[None, :], mask=mask, other=0.0,
-                       cache_modifier=".cg").to(tl.float32)  # fmt: skip
-    tl.store(sum_ptr + t[:, None] * stride_sm + n[None, :], acc.to(sum_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
