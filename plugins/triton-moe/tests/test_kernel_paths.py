@@ -442,7 +442,8 @@ def _blocky_fp8_weights(cfg: MoeConfig, seed: int = 3):
 )
 def test_fp8_block_k_steps_use_their_own_blocks_scales(prefetch, prequant, swap, split, block_n, block_m):
     """Which scales each K step multiplies, loaded in the step or, with the ``fp8_scale_prefetch`` switch, one
-    step ahead (``kernels.gemm._fp8_scales1``): a step scaled by another block's would be off by up to 100x. The
+    step ahead (``kernels.gemm._fp8_scales1``; 16-row tiles only, so the 64-row case loads in the step either
+    way): a step scaled by another block's would be off by up to 100x. The
     bound is loose because the interpreter's fp8 dot is inexact (about 10% here; see ``fused_op.probe``)."""
     cfg = MoeConfig(4, 2, 384, 256, quant_scheme="fp8_block", activation="silu", dtype=torch.float32)
     weights = _blocky_fp8_weights(cfg)
