@@ -123,11 +123,10 @@ def main(argv=None) -> int:
     parser.add_argument("--schemes", help=f"comma-separated schemes to time (default all: "
                                           f"{', '.join(s for s, _ in RUNS)})")  # fmt: skip
     args = parser.parse_args(argv)
-    schemes = set(args.schemes.split(",")) if args.schemes else {s for s, _ in RUNS}
-    if schemes - {s for s, _ in RUNS}:
-        parser.error(
-            f"unknown scheme(s) {sorted(schemes - {s for s, _ in RUNS})}; known: {', '.join(s for s, _ in RUNS)}"
-        )
+    known = [scheme for scheme, _ in RUNS]
+    schemes = set(args.schemes.split(",")) if args.schemes else set(known)
+    if schemes - set(known):
+        parser.error(f"unknown scheme(s) {sorted(schemes - set(known))}; known: {', '.join(known)}")
     chosen = set(args.settings.split(",")) if args.settings else None
     if chosen and chosen - set(SETTINGS):
         parser.error(f"unknown setting(s) {sorted(chosen - set(SETTINGS))}; known: {', '.join(SETTINGS)}")
