@@ -46,11 +46,12 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
 
 
 def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None,
-        tma=(False, False)):  # fmt: skip
+        tma=(False, False), persistent=(0, 0), warp_spec=False, group_m=1):  # fmt: skip
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
-    reaches GEMM2 as 0, which ``sanitize`` makes 1)."""
+    reaches GEMM2 as 0, which ``sanitize`` makes 1); ``persistent`` per GEMM, ``warp_spec`` GEMM2's."""
     g1, g2 = (
-        kernel_configs.GemmConfig(block_n, block_k, 1, 4, 2, swap_ab=s, tma=t) for s, t in zip(swap, tma, strict=True)
+        kernel_configs.GemmConfig(block_n, block_k, group_m, 4, 2, swap_ab=s, tma=t, persistent=p, warp_spec=ws)
+        for s, t, p, ws in zip(swap, tma, persistent, (False, warp_spec), strict=True)
     )
     return kernel_configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
 
@@ -170,6 +171,66 @@ def test_tma_tiles_match_plain_loads(scheme, m, tma, swap, split, block_k, block
         assert relative_l2(out, plain) <= tolerance(scheme, dtype) / 8
     else:
         assert relative_l2(out, plain) <= 1e-6  # rounding: NumPy sums a transposed tile in another order
+
+
+@pytest.mark.parametrize(
+    "scheme,m,persistent,tma,swap,block_k,block_n,block_m,act,bias,on_input,top_k,h,i,group_m",
+    [
+        ("dense", 40, (1, 1), (False, False), (False, False), 32, 32, 16, "silu", True, False, 2, 160, 96, 1),
+        ("dense", 40, (1, 2), (True, True), (False, False), 64, 64, 32, "gelu", True, False, 2, 256, 192, 4),
+        ("dense", 24, (1, 1), (False, True), (True, True), 64, 64, 16, "silu", True, True, 1, 128, 320, 2),  # k=1
+        ("dense", 70, (0, 1), (True, True), (False, False), 32, 64, 64, "swiglu_oai", True, False, 2, 128, 64, 8),
+        ("mxfp4", 40, (1, 1), (False, False), (True, False), 64, 64, 16, "swiglu_oai", True, False, 2, 192, 96, 1),
+        ("mxfp4", 24, (2, 1), (False, False), (False, True), 128, 64, 32, "silu", False, True, 1, 256, 128, 2),
+    ],
+)
+def test_persistent_tiles_match_one_program_per_tile(scheme, m, persistent, tma, swap, block_k, block_n, block_m,
+                                                     act, bias, on_input, top_k, h, i, group_m):  # fmt: skip
+    """``GemmConfig.persistent``: fewer programs than tiles, each walking the tiles in use, give the forward
+    one program per tile gives — the same tiles and dots, so the same bits under the interpreter — with
+    the null segment's pairs zero (k == 1: GEMM2 writes their rows) and the alignment's unused blocks
+    never walked. A K split turns it off (it needs whole tiles)."""
+    scheme = DENSE_SCHEMES[0] if scheme == "dense" else scheme
+    dtype = (FLOAT if scheme != "fp8_block" else torch.bfloat16) if scheme != "mxfp4" else HALF
+    cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias,
+                    apply_router_weight_on_input=on_input)  # fmt: skip
+    weights = random_weights(cfg, DEVICE)
+    kc = _kc(block_k, 1, block_n, block_m, swap, tma=tma, persistent=persistent, group_m=group_m)
+    x, ids, tw = random_inputs(cfg, m, DEVICE)
+    ids = ids.clone()
+    ids[1] = -1  # every slot of token 1 in the null segment
+    ids[3, 0] = 8
+    out = _forward(cfg, weights, x, ids, tw, kc)
+    err = relative_l2(out, reference_for(cfg, weights, x, ids, tw))
+    assert err <= tolerance(scheme, dtype), err
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    plain = _forward(cfg, weights, x, ids, tw, _kc(block_k, 1, block_n, block_m, swap, tma=tma, group_m=group_m))
+    if CUDA:
+        assert relative_l2(out, plain) <= tolerance(scheme, dtype) / 8
+    else:
+        assert torch.equal(out, plain)
+    routing = launch.direct_routing(ids.reshape(-1).int(), tw.reshape(-1), top_k, block_m, on_input)
+    assert launch._grid(100, kc.gemm1, routing, 1, x.device) == (100, False)  # direct: one program per tile
+    aligned = AlignedRouting(tw.reshape(-1), ids, ids, ids, top_k, block_m, on_input)
+    assert launch._grid(100, kc.gemm2, aligned, 2, x.device) == (200, False)  # split: one per tile and split
+    assert launch._grid(100, kc.gemm2, aligned, 1, x.device)[1] is bool(persistent[1])
+
+
+@pytest.mark.skipif(not CUDA, reason="Hopper warp specialization compiles for CUDA only")
+def test_warp_specialized_gemm2_matches_plain_tiles_on_cuda():
+    """``GemmConfig.warp_spec`` (GEMM2, persistent, both operands through descriptors, bf16): the forward of
+    the plain tiles, the null segment included."""
+    cfg = MoeConfig(8, 2, 512, 256, quant_scheme="bf16", activation="silu", dtype=torch.bfloat16, has_bias=True)
+    weights = random_weights(cfg, DEVICE)
+    x, ids, tw = random_inputs(cfg, 300, DEVICE)
+    ids = ids.clone()
+    ids[1] = -1
+    ws = _forward(cfg, weights, x, ids, tw, _kc(64, 1, 128, 128, tma=(True, True), persistent=(1, 1),
+                                                warp_spec=True, group_m=8))  # fmt: skip
+    plain = _forward(cfg, weights, x, ids, tw, _kc(64, 1, 128, 128, tma=(True, True), group_m=8))
+    assert relative_l2(ws, plain) <= tolerance("bf16", torch.bfloat16) / 8
+    assert relative_l2(ws, reference_for(cfg, weights, x, ids, tw)) <= tolerance("bf16", torch.bfloat16)
+    assert torch.equal(ws[1], torch.zeros_like(ws[1]))
 
 
 def test_tma_applies_only_to_what_a_descriptor_can_describe():

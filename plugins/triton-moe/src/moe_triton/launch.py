@@ -38,6 +38,7 @@ from moe_triton.kernel_configs import (
     resolve_split_k,
     sanitize,
     select_config,
+    sm_count,
 )
 from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
@@ -129,6 +130,20 @@ def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, i
     return (*out, counters)
 
 
+#: the SMs a persistent launch assumes in the CPU interpreter (which has no SM count): few, so each program walks
+#: several tiles and the tests exercise the walk
+INTERPRETER_SMS = 2
+
+
+def _grid(tiles: int, g: GemmConfig, routing: AlignedRouting, split_k: int, device: torch.device) -> tuple[int, bool]:
+    """(programs, persistent) of a GEMM launch over ``tiles`` tiles: with ``GemmConfig.persistent`` (aligned
+    routing, unsplit) ``persistent`` programs per SM, each walking the tiles in use; else one program per
+    tile and K split."""
+    if g.persistent and not routing.direct and split_k == 1:
+        return max(1, min(tiles, (sm_count(device) or INTERPRETER_SMS) * g.persistent)), True
+    return tiles * split_k, False
+
+
 def _split_args(split: SplitK | None, fallback: torch.Tensor):
     """Kernel arguments for a GEMM's split-K scratch: (split, partials, counters, *partials strides)."""
     if split is None or split.factor == 1:
@@ -188,8 +203,9 @@ def launch_gemm1(
                          f"float round_to dtype, not {g} and {round_to}")  # fmt: skip
     if zero is not None and not r.direct:
         raise ValueError("launch_gemm1(zero=...) is for direct routing; align(zero=...) clears buffers otherwise")
+    programs, persistent = _grid(num_m * cdiv(inter, g.block_n), g, r, split_k, x.device)
     launch(
-        gemm._gemm1, (num_m * cdiv(inter, g.block_n) * split_k,),
+        gemm._gemm1, (programs,),
         x, x_scale if a_fp8 else x, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else x, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, out,
@@ -206,7 +222,7 @@ def launch_gemm1(
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         TMA=tma.applies(g.tma, w.scheme, w.weight), UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
-        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches),
+        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent,
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -239,8 +255,9 @@ def launch_gemm2(
     a_fp8 = a_scale is not None
     use_tma = tma.applies(g.tma, w.scheme, w.weight)
     tma_a = use_tma and not r.direct and a.shape[0] == num_m * r.block_m and tma.rows_ok(a)  # aligned rows
+    programs, persistent = _grid(num_m * cdiv(h, g.block_n), g, r, split_k, y.device)
     launch(
-        gemm._gemm2, (num_m * cdiv(h, g.block_n) * split_k,),
+        gemm._gemm2, (programs,),
         a, a_scale if a_fp8 else a, w.weight, w.scale if w.scale is not None else w.weight,
         w.mult if w.mult is not None else r.topk_weights,
         w.bias if w.bias is not None else y, r.topk_weights, r.sorted_ids, r.block_expert, r.offsets, y,
@@ -254,9 +271,15 @@ def launch_gemm2(
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
         SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
-        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches),
+        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent,
+        WARP_SPEC=persistent and g.warp_spec and tma_a and w.scheme in WARP_SPEC_SCHEMES and y.is_cuda,
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
+
+
+#: the schemes whose GEMM2 K loop can be warp-specialized (``GemmConfig.warp_spec``): every load a descriptor
+#: load (fp8_block's scales and MXFP4's bytes are pointer loads, which Triton's Hopper partitioning refuses)
+WARP_SPEC_SCHEMES = frozenset({"fp32", "bf16", "fp16"})
 
 
 def fp8_intermediate(scheme: str, gemm1_tiles: GemmConfig) -> bool:

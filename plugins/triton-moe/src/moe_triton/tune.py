@@ -10,7 +10,10 @@ large rows per expert) so a preset tunes in minutes, not hours.
 In the decode regime split-K is tuned too, for each GEMM on its own (each
 reduces its partials in the same launch): for each split in ``SPLITS`` the few
 tiles that were fastest unsplit are re-timed, and the fastest (split, tile)
-wins (1 = off is always a candidate). Weights are prepared first
+wins (1 = off is always a candidate). Above it (aligned routing, many tiles)
+the fastest unsplit tiles are re-timed as persistent walks instead
+(``GemmConfig.persistent`` in ``PERSISTENT``, and GEMM2's descriptor tiles of
+float weights also warp-specialized). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
 Compiling a candidate costs far more than timing it, so on CUDA each batch of
@@ -68,6 +71,10 @@ _LARGE = [
 SPLITS = (2, 4, 8)
 #: how many of each GEMM's fastest unsplit tiles each split re-times
 SPLIT_TOP = 4
+#: programs per SM of the persistent walks tried above the decode regime (re-timing the fastest plain tiles)
+PERSISTENT = (1, 2)
+#: how many of each GEMM's fastest plain tiles are re-timed as persistent walks
+PERSISTENT_TOP = 3
 
 
 def swap_worth_trying(scheme: str, block_m: int) -> bool:
@@ -182,9 +189,19 @@ def _time(make, split: int, gemms) -> dict:
     return {c: _safe(_bench, make(c, split)) for c in gemms}
 
 
-def _trials(make, gemms, decode: bool, warm) -> dict[int, dict]:
+def persistent_variants(tiles, warp_spec: bool) -> list[GemmConfig]:
+    """Each tile as a persistent walk (``PERSISTENT`` programs per SM); with ``warp_spec`` (GEMM2, float
+    weights) its descriptor tiles also warp-specialized (``GemmConfig.warp_spec``)."""
+    out = [replace(g, persistent=p) for g in tiles for p in PERSISTENT]
+    if warp_spec:
+        out += [replace(g, persistent=p, warp_spec=True) for g in tiles if g.tma for p in PERSISTENT]
+    return out
+
+
+def _trials(make, gemms, decode: bool, warm, warp_spec: bool = False) -> dict[int, dict]:
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
-    ``SPLIT_TOP`` fastest unsplit tiles. ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing."""
+    ``SPLIT_TOP`` fastest unsplit tiles, above it the ``PERSISTENT_TOP`` fastest as persistent walks
+    (``persistent_variants``, unsplit). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing."""
     warm([(g, 1) for g in gemms])
     trials = {1: _time(make, 1, gemms)}
     if decode:
@@ -192,6 +209,10 @@ def _trials(make, gemms, decode: bool, warm) -> dict[int, dict]:
         warm([(g, split) for split in SPLITS for g in top])
         for split in SPLITS:
             trials[split] = _time(make, split, top)
+    else:
+        walks = persistent_variants(sorted(trials[1], key=trials[1].get)[:PERSISTENT_TOP], warp_spec)
+        warm([(g, 1) for g in walks])
+        trials[1].update(_time(make, 1, walks))
     return trials
 
 
@@ -228,7 +249,8 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
-                trials[kind] = _trials(make, gemms, decode, warm)
+                warp_spec = kind == "gemm2" and scheme in launch.WARP_SPEC_SCHEMES and descriptors
+                trials[kind] = _trials(make, gemms, decode, warm, warp_spec)
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
                 t1, t2 = trials1[split], trials2[split]

@@ -51,7 +51,14 @@ class GemmConfig:
     intermediate tiles where its rows are the aligned blocks, come in through tensor descriptors (the
     tensor memory accelerator's bulk copies): no per-element address registers, which the plain loads'
     pointer tiles spend at large tiles, and copies the software pipeline overlaps with the MMAs. Where
-    it does not apply the plain loads run; the tiles are the same."""
+    it does not apply the plain loads run; the tiles are the same.
+
+    ``persistent`` (aligned routing, unsplit; else ignored): that many programs per SM, each walking the
+    tiles in use in turn, instead of one program per tile — at large M a program's setup and epilogue
+    overlap the next tile's loads and no program waits to be scheduled; 0 = one program per tile.
+    ``warp_spec`` (GEMM2 with ``persistent`` and descriptor loads of both operands, float weights, CUDA;
+    ``launch.WARP_SPEC_SCHEMES``; else ignored): Triton's Hopper warp specialization of the tile walk, a
+    producer warp group issuing the loads for the MMA warps."""
 
     block_n: int = 64
     block_k: int = 64
@@ -60,6 +67,8 @@ class GemmConfig:
     num_stages: int = 3
     swap_ab: bool = False
     tma: bool = False
+    persistent: int = 0
+    warp_spec: bool = False
 
 
 @dataclass(frozen=True)

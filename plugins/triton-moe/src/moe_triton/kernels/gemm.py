@@ -127,6 +127,23 @@ def _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M: tl
 
 
 @triton.jit
+def _persistent_tiles(offsets_ptr, num_experts, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(row blocks in use, column tiles) of a persistent launch: it walks ``used * num_n`` tiles, so the
+    blocks the alignment's upper bound leaves unused cost it nothing."""
+    used = tl.cdiv(tl.load(offsets_ptr + num_experts + 1), BLOCK_M)
+    return used, tl.cdiv(n_cols, BLOCK_N)
+
+
+@triton.jit
+def _live_expert(block_expert_ptr, pid_m, num_experts):
+    """A row block in use's expert and whether it has weights (false: the null segment, whose expert is
+    given as 0 so every address stays valid; its K loop runs no step and its loads are masked)."""
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    live = e < num_experts
+    return tl.where(live, e, 0), live
+
+
+@triton.jit
 def _k_slice(K, split, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """This program's K range ``[k_lo, k_hi)``: all of K unless split, and whole BLOCK_K tiles, so fp8
     blocks and MXFP4 chunks stay aligned."""
@@ -205,63 +222,16 @@ def _scaled_mma(a, a_scale, w, w_scale, acc, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _gemm1(
-    x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    os_ptr, part_ptr, count_ptr, zero_ptr, num_zero, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
+def _gemm1_acc(
+    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, k_lo, k_hi, N_HALF, K,
     stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on, stride_osm, stride_ps, stride_pm, stride_pn,
-    TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
-    ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
-    TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    SCHEME: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr,
+    UP_ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
-
-    ``SPLIT_K > 1``: ``part_ptr`` is the fp32 workspace ``[SPLIT_K, rows, 2I]`` and ``count_ptr`` one int32
-    arrival counter per (row block, N tile), zero at launch; see ``kernels.split``.
-
-    ``A_FP8`` (fp8_block): ``x`` is already quantized (``_quant_fp8_groups``: e4m3 codes, ``xs`` one fp32
-    scale per row and 128 columns), so the K loop loads codes instead of quantizing the tile in every
-    N-tile program; the same codes and scales, so the same result.
-
-    ``OUT_FP8`` (fp8_block, BLOCK_N a multiple of 128): the epilogue quantizes GEMM2's input — the
-    activated tile rounded to ``ROUND`` (the activations' dtype, what an unquantized intermediate would
-    hold), then e4m3 codes into ``out`` and one fp32 scale per row and 128 columns into ``os``
-    ``[rows, ceil(I/128)]`` — so GEMM2 reads codes instead of quantizing its K tile in every N-tile
-    program; ``_quant_fp8_rows`` on each 128-column group, as GEMM2's loop would run it.
-
-    ``SWAP_AB``: accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T, transposed
-    back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``); weight tiles are then
-    loaded ``[BLOCK_N, K]``, as stored.
-
-    ``DIRECT`` (decode, no alignment ran): ``block_expert_ptr`` holds the flat expert ids and program
-    row block ``pid_m`` is pair ``pid_m`` (``_block_pairs``); the intermediate has one row per pair.
-    Program 0 zeroes ``zero_ptr[:num_zero]`` (GEMM2's counters), the alignment's job on the aligned path.
-
-    ``TMA`` (float and fp8_block weights, K-contiguous experts stored back to back): the weight tiles
-    come through a tensor descriptor over ``[E * 2I, K]`` (``_dense_tile_tma``).
-
-    ``UP_ALIGNED`` (fp8_block): I is a multiple of BLOCK_N, so each up-half tile of at most 128 rows lies
-    in one 128-row scale block as every gate tile does, and both read their scales as scalars
-    (``_col_scale``).
-    """
-    _pdl_start(PDL)
-    if DIRECT:
-        if tl.program_id(0) == 0:
-            _fill(zero_ptr, 0, num_zero, 0, 1024)
-    split, tile, pid_m, pid_n = _program_tile(num_m, N_HALF, BLOCK_N, GROUP_M)
-    expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
-    if expert < 0:  # past the rows in use
-        return
-    if expert == num_experts:  # null segment: its pairs are zeroed by GEMM2, which never reads these rows
-        return
-    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
-    token = (pair // TOP_K).to(tl.int64)
-    n0 = pid_n * BLOCK_N
-    n = n0 + tl.arange(0, BLOCK_N)
-    n_ok = n < N_HALF
+    """GEMM1's K loop over ``[k_lo, k_hi)`` for one tile: the fp32 gate and up accumulators ``[BLOCK_M,
+    BLOCK_N]`` (transposed back already with ``SWAP_AB``). ``w_desc``: the weight descriptor with ``TMA``
+    (built once per program: a persistent program reuses it for every tile), else unused."""
     dot_dtype = x_ptr.dtype.element_ty
     in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
     if SWAP_AB:
@@ -270,10 +240,8 @@ def _gemm1(
     else:
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
     if TMA:
-        w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
-        g_row = (expert * 2 * N_HALF + pid_n * BLOCK_N).to(tl.int32)
+        g_row = (expert * 2 * N_HALF + n0).to(tl.int32)
     if SCHEME == FP8_BLOCK and PREFETCH:  # the first K block's scales; each step loads the next one's
         sg_next, su_next, xs_next = _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok,
                                                  tl.minimum(k_lo, K - 1), stride_se, stride_sn, stride_sk,
@@ -325,19 +293,19 @@ def _gemm1(
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gemm1_epilogue(
+    acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit, mult_ptr, bias_ptr, topk_w_ptr,
+    out_ptr, os_ptr, stride_be, stride_bn, stride_om, stride_on, stride_osm, SCHEME: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_FP8: tl.constexpr,
+    ROUND: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """GEMM1's epilogue of one tile: the MXFP4 multiplier, routing weight (on the input), bias and gated
+    activation, stored in the rows of ``row_ok`` (as the intermediate, or its fp8 codes and scales)."""
     out_mask = row_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:  # store this K slice's partials; the tile's last program to arrive goes on with their sum
-        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm
-        part_g = part + n[None, :] * stride_pn
-        part_u = part + (n + N_HALF)[None, :] * stride_pn
-        tl.store(part_g + split * stride_ps, acc_g, mask=out_mask)
-        tl.store(part_u + split * stride_ps, acc_u, mask=out_mask)
-        counter = count_ptr + tile
-        if _arrive(counter) < SPLIT_K - 1:
-            return
-        tl.atomic_xchg(counter, 0)
-        acc_g = _sum_partials(part_g, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
-        acc_u = _sum_partials(part_u, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
     if SCHEME == MXFP4:  # undo the per-expert shift of the folded scales (1.0 for ordinary weights)
         mult = tl.load(mult_ptr + expert)
         acc_g = acc_g * mult
@@ -365,6 +333,121 @@ def _gemm1(
 
 
 @triton.jit
+def _gemm1(
+    x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    os_ptr, part_ptr, count_ptr, zero_ptr, num_zero, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
+    stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_be, stride_bn, stride_om, stride_on, stride_osm, stride_ps, stride_pm, stride_pn,
+    TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
+    ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = False,
+):  # fmt: skip
+    """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
+
+    ``SPLIT_K > 1``: ``part_ptr`` is the fp32 workspace ``[SPLIT_K, rows, 2I]`` and ``count_ptr`` one int32
+    arrival counter per (row block, N tile), zero at launch; see ``kernels.split``.
+
+    ``A_FP8`` (fp8_block): ``x`` is already quantized (``_quant_fp8_groups``: e4m3 codes, ``xs`` one fp32
+    scale per row and 128 columns), so the K loop loads codes instead of quantizing the tile in every
+    N-tile program; the same codes and scales, so the same result.
+
+    ``OUT_FP8`` (fp8_block, BLOCK_N a multiple of 128): the epilogue quantizes GEMM2's input — the
+    activated tile rounded to ``ROUND`` (the activations' dtype, what an unquantized intermediate would
+    hold), then e4m3 codes into ``out`` and one fp32 scale per row and 128 columns into ``os``
+    ``[rows, ceil(I/128)]`` — so GEMM2 reads codes instead of quantizing its K tile in every N-tile
+    program; ``_quant_fp8_rows`` on each 128-column group, as GEMM2's loop would run it.
+
+    ``SWAP_AB``: accumulate the transposed tile ``[BLOCK_N, BLOCK_M]`` = weights x rows^T, transposed
+    back once before the epilogue (see ``kernel_configs.GemmConfig.swap_ab``); weight tiles are then
+    loaded ``[BLOCK_N, K]``, as stored.
+
+    ``DIRECT`` (decode, no alignment ran): ``block_expert_ptr`` holds the flat expert ids and program
+    row block ``pid_m`` is pair ``pid_m`` (``_block_pairs``); the intermediate has one row per pair.
+    Program 0 zeroes ``zero_ptr[:num_zero]`` (GEMM2's counters), the alignment's job on the aligned path.
+
+    ``TMA`` (float and fp8_block weights, K-contiguous experts stored back to back): the weight tiles
+    come through a tensor descriptor over ``[E * 2I, K]`` (``_dense_tile_tma``).
+
+    ``UP_ALIGNED`` (fp8_block): I is a multiple of BLOCK_N, so each up-half tile of at most 128 rows lies
+    in one 128-row scale block as every gate tile does, and both read their scales as scalars
+    (``_col_scale``).
+
+    ``PERSISTENT`` (aligned routing, unsplit; ``GemmConfig.persistent``): the launch has fewer programs
+    than tiles and each walks the tiles in use ``pid, pid + programs, ...`` (``_persistent_tiles``).
+    """
+    _pdl_start(PDL)
+    if PERSISTENT:
+        if TMA:
+            w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
+        else:
+            w_desc = w_ptr
+        used, num_n = _persistent_tiles(offsets_ptr, num_experts, N_HALF, BLOCK_M, BLOCK_N)
+        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
+            pid_m, pid_n = _tile_ids(t, used, num_n, GROUP_M)
+            expert, live = _live_expert(block_expert_ptr, pid_m, num_experts)
+            rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, False)
+            row_ok = tl.where(live, row_ok, False)  # null segment: nothing read, nothing stored
+            token = (pair // TOP_K).to(tl.int64)
+            n0 = pid_n * BLOCK_N
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < N_HALF
+            acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, 0,
+                                      tl.where(live, K, 0), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we,
+                                      stride_wn, stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION,
+                                      DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED,
+                                      PREFETCH)  # fmt: skip
+            _gemm1_epilogue(acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit,
+                            mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr, stride_be, stride_bn, stride_om,
+                            stride_on, stride_osm, SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, OUT_FP8, ROUND,
+                            TMA, BLOCK_M, BLOCK_N)  # fmt: skip
+    else:
+        if DIRECT:
+            if tl.program_id(0) == 0:
+                _fill(zero_ptr, 0, num_zero, 0, 1024)
+        split, tile, pid_m, pid_n = _program_tile(num_m, N_HALF, BLOCK_N, GROUP_M)
+        expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
+        if expert < 0:  # past the rows in use
+            return
+        if expert == num_experts:  # null segment: its pairs are zeroed by GEMM2, which never reads these rows
+            return
+        rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
+        token = (pair // TOP_K).to(tl.int64)
+        n0 = pid_n * BLOCK_N
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < N_HALF
+        k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
+        if TMA:
+            w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
+        else:
+            w_desc = w_ptr
+        acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, k_lo,
+                                  k_hi, N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk,
+                                  stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N,
+                                  BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
+        if SPLIT_K > 1:  # store this K slice's partials; the tile's last program to arrive goes on with their sum
+            out_mask = row_ok[:, None] & n_ok[None, :]
+            part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm
+            part_g = part + n[None, :] * stride_pn
+            part_u = part + (n + N_HALF)[None, :] * stride_pn
+            tl.store(part_g + split * stride_ps, acc_g, mask=out_mask)
+            tl.store(part_u + split * stride_ps, acc_u, mask=out_mask)
+            counter = count_ptr + tile
+            if _arrive(counter) < SPLIT_K - 1:
+                return
+            tl.atomic_xchg(counter, 0)
+            acc_g = _sum_partials(part_g, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
+            acc_u = _sum_partials(part_u, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
+        _gemm1_epilogue(acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit, mult_ptr,
+                        bias_ptr, topk_w_ptr, out_ptr, os_ptr, stride_be, stride_bn, stride_om, stride_on, stride_osm,
+                        SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, OUT_FP8, ROUND, TMA, BLOCK_M,
+                        BLOCK_N)  # fmt: skip
+
+
+@triton.jit
 def _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K: tl.constexpr, OUT_BY_TOKEN: tl.constexpr):
     """GEMM2's output pointers of a tile: each pair's own row of ``[M*k, N]``, or its token's row of
     ``[M, N]`` when ``OUT_BY_TOKEN`` (k == 1)."""
@@ -373,65 +456,26 @@ def _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K: tl.constexpr, OUT_B
 
 
 @triton.jit
-def _gemm2(
-    a_ptr, as_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
-    part_ptr, count_ptr, sum_ptr, slot_count_ptr, num_pairs, num_m, N, K, num_experts,
+def _gemm2_acc(
+    a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, k_lo, k_hi, N, K,
     stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
-    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn, stride_sm,
-    TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
-    OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
-    SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
-    TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    SCHEME: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr,
+    TMA_A: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K`` and ``DIRECT`` as in
-    ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes
-    and ``as`` the scales that GEMM1's ``OUT_FP8`` epilogue wrote.
-
-    ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
-    program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
-    and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
-    order and arithmetic of ``_sum_slots``, so no separate launch; the flat ids it skips invalid slots by
-    are ``block_expert_ptr``'s, as direct routing passes them.
-
-    ``TMA``: the weight tiles through a descriptor over ``[E * H, K]``, as in ``_gemm1``. ``TMA_A``
-    (aligned routing: a block's rows are consecutive rows of ``a``): ``a``'s tiles through a descriptor
-    too; a block's padding rows then hold whatever ``a`` holds there, which reaches only those rows'
-    outputs, never stored."""
-    _pdl_start(PDL)
-    split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
-    expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
-    if expert < 0:  # past the rows in use
-        return
-    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    if expert == num_experts:  # null segment: no weight, partial or bias read
-        if OUT_BY_TOKEN and split == 0:  # k == 1: the token's output row is this pair's alone, zero it once
-            zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
-            tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
-                     mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
-        if SUM_SLOTS and split == 0:  # counted in, its slot left out of the sum
-            _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
-                      tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
-        return  # k > 1: the slot sum leaves this pair's slot out
-    dot_dtype = out_ptr.dtype.element_ty
+    """GEMM2's K loop over ``[k_lo, k_hi)`` for one tile: the fp32 accumulator ``[BLOCK_M, BLOCK_N]``.
+    ``w_desc`` / ``a_desc``: the descriptors with ``TMA`` / ``TMA_A`` (else unused)."""
+    dot_dtype = a_ptr.dtype.element_ty  # MXFP4: the intermediate's dtype, which its weights decode to
     in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
     if TMA:
-        w_desc = _rows_desc(w_ptr, num_experts * N, K, stride_wn, BLOCK_N, BLOCK_K)
-        w_row = (expert * N + pid_n * BLOCK_N).to(tl.int32)
-    if TMA_A:
-        a_desc = _rows_desc(a_ptr, num_m * BLOCK_M, K, stride_am, BLOCK_M, BLOCK_K)
+        w_row = (expert * N + n0).to(tl.int32)
     if SCHEME == FP8_BLOCK and PREFETCH:  # as in _gemm1: each step loads the next K block's scales
-        sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok,
-                                        tl.minimum(k_lo, K - 1), stride_se, stride_sn, stride_sk, stride_asm,
-                                        A_FP8)  # fmt: skip
+        sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, n0, rows, row_ok, tl.minimum(k_lo, K - 1),
+                                        stride_se, stride_sn, stride_sk, stride_asm, A_FP8)  # fmt: skip
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
@@ -454,12 +498,12 @@ def _gemm2(
             if SCHEME == FP8_BLOCK:
                 if PREFETCH:
                     sb, a_scale = sb_next, as_next
-                    sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok,
+                    sb_next, as_next = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, n0, rows, row_ok,
                                                     tl.minimum(k0 + BLOCK_K, K - 1), stride_se, stride_sn, stride_sk,
                                                     stride_asm, A_FP8)  # fmt: skip
                 else:
-                    sb, a_scale = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, pid_n * BLOCK_N, rows, row_ok, k0,
-                                               stride_se, stride_sn, stride_sk, stride_asm, A_FP8)  # fmt: skip
+                    sb, a_scale = _fp8_scales2(s_ptr, as_ptr, expert, n, n_ok, n0, rows, row_ok, k0, stride_se,
+                                               stride_sn, stride_sk, stride_asm, A_FP8)  # fmt: skip
                 if A_FP8:  # BLOCK_K == 128: one scale per row for this tile
                     aq = a
                 else:
@@ -469,29 +513,138 @@ def _gemm2(
                 acc = _mma(a, b, acc, SWAP_AB, PRECISION)
     if SWAP_AB:
         acc = tl.trans(acc)
-    out_mask = row_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:  # as in _gemm1
-        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + n[None, :] * stride_pn
-        tl.store(part + split * stride_ps, acc, mask=out_mask)
-        counter = count_ptr + tile
-        if _arrive(counter) < SPLIT_K - 1:
-            return
-        tl.atomic_xchg(counter, 0)
-        acc = _sum_partials(part, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
+    return acc
+
+
+@triton.jit
+def _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr):  # fmt: skip
+    """GEMM2's (weight, intermediate) descriptors where ``TMA`` / ``TMA_A`` ask for them (else the plain
+    pointers, unused): built once per program."""
+    if TMA:
+        w_desc = _rows_desc(w_ptr, num_experts * N, K, stride_wn, BLOCK_N, BLOCK_K)
+    else:
+        w_desc = w_ptr
+    if TMA_A:
+        a_desc = _rows_desc(a_ptr, num_m * BLOCK_M, K, stride_am, BLOCK_M, BLOCK_K)
+    else:
+        a_desc = a_ptr
+    return w_desc, a_desc
+
+
+@triton.jit
+def _gemm2_epilogue(
+    acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, stride_be, stride_bn,
+    stride_om, stride_on, TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr,
+):  # fmt: skip
+    """GEMM2's epilogue of one tile: the MXFP4 multiplier, bias and routing weight, each pair's row stored.
+    ``live`` false (the null segment, ``acc`` zero): no bias, and its rows stored only when
+    ``OUT_BY_TOKEN`` (k == 1: the token's output row is this pair's alone, so it gets zeros)."""
     if SCHEME == MXFP4:
         acc = acc * tl.load(mult_ptr + expert)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=tl.where(live, n_ok, False),
+                       other=0.0).to(tl.float32)[None, :]  # fmt: skip
     if not ROUTER_ON_INPUT:
         acc = acc * tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
-    tl.store(
-        _out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN),
-        acc.to(out_ptr.dtype.element_ty),
-        mask=out_mask,
-    )
-    if SUM_SLOTS:
-        _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
-                  tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+    if OUT_BY_TOKEN:
+        store_ok = row_ok
+    else:
+        store_ok = tl.where(live, row_ok, False)
+    tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), acc.to(out_ptr.dtype.element_ty),
+             mask=store_ok[:, None] & n_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _gemm2(
+    a_ptr, as_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
+    part_ptr, count_ptr, sum_ptr, slot_count_ptr, num_pairs, num_m, N, K, num_experts,
+    stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_be, stride_bn, stride_om, stride_on, stride_ps, stride_pm, stride_pn, stride_sm,
+    TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr,
+    OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DECODE_ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
+    SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
+    TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+    WARP_SPEC: tl.constexpr = False,
+):  # fmt: skip
+    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT`` and
+    ``PERSISTENT`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a``
+    holds the e4m3 codes and ``as`` the scales that GEMM1's ``OUT_FP8`` epilogue wrote.
+
+    ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
+    program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
+    and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
+    order and arithmetic of ``_sum_slots``, so no separate launch; the flat ids it skips invalid slots by
+    are ``block_expert_ptr``'s, as direct routing passes them.
+
+    ``TMA``: the weight tiles through a descriptor over ``[E * H, K]``, as in ``_gemm1``. ``TMA_A``
+    (aligned routing: a block's rows are consecutive rows of ``a``): ``a``'s tiles through a descriptor
+    too; a block's padding rows then hold whatever ``a`` holds there, which reaches only those rows'
+    outputs, never stored. ``WARP_SPEC`` (``PERSISTENT`` with ``TMA`` and ``TMA_A``, float weights): the
+    tile loop warp-specialized (``_gemm2_acc``); the persistent body has no early exit, as Triton's
+    partitioning requires."""
+    _pdl_start(PDL)
+    if PERSISTENT:
+        w_desc, a_desc = _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M, BLOCK_N,
+                                      BLOCK_K, TMA, TMA_A)  # fmt: skip
+        used, num_n = _persistent_tiles(offsets_ptr, num_experts, N, BLOCK_M, BLOCK_N)
+        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0), warp_specialize=WARP_SPEC):
+            pid_m, pid_n = _tile_ids(t, used, num_n, GROUP_M)
+            expert, live = _live_expert(block_expert_ptr, pid_m, num_experts)
+            rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, False)
+            n0 = pid_n * BLOCK_N
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
+                             tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn,
+                             stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M,
+                             BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
+            _gemm2_epilogue(acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
+                            stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
+                            OUT_BY_TOKEN)  # fmt: skip
+    else:
+        split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
+        expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
+        if expert < 0:  # past the rows in use
+            return
+        rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, DIRECT)
+        n0 = pid_n * BLOCK_N
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < N
+        if expert == num_experts:  # null segment: no weight, partial or bias read
+            if OUT_BY_TOKEN and split == 0:  # k == 1: the token's output row is this pair's alone, zero it once
+                zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+                tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
+                         mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
+            if SUM_SLOTS and split == 0:  # counted in, its slot left out of the sum
+                _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                          tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+            return  # k > 1: the slot sum leaves this pair's slot out
+        k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
+        w_desc, a_desc = _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M, BLOCK_N,
+                                      BLOCK_K, TMA, TMA_A)  # fmt: skip
+        acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, k_lo,
+                         k_hi, N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se,
+                         stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                         A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
+        if SPLIT_K > 1:  # as in _gemm1
+            out_mask = row_ok[:, None] & n_ok[None, :]
+            part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + n[None, :] * stride_pn
+            tl.store(part + split * stride_ps, acc, mask=out_mask)
+            counter = count_ptr + tile
+            if _arrive(counter) < SPLIT_K - 1:
+                return
+            tl.atomic_xchg(counter, 0)
+            acc = _sum_partials(part, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
+        _gemm2_epilogue(acc, expert, expert < num_experts, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr,
+                        out_ptr, stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
+                        OUT_BY_TOKEN)  # fmt: skip
+        if SUM_SLOTS:
+            _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                      tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
