@@ -46,12 +46,12 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
 
 
 def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None,
-        tma=(False, False), persistent=(0, 0), warp_spec=False, group_m=1):  # fmt: skip
+        tma=(False, False), persistent=(0, 0), group_m=1, warps=4, stages=2):  # fmt: skip
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
-    reaches GEMM2 as 0, which ``sanitize`` makes 1); ``persistent`` per GEMM, ``warp_spec`` GEMM2's."""
+    reaches GEMM2 as 0, which ``sanitize`` makes 1); ``persistent`` per GEMM."""
     g1, g2 = (
-        kernel_configs.GemmConfig(block_n, block_k, group_m, 4, 2, swap_ab=s, tma=t, persistent=p, warp_spec=ws)
-        for s, t, p, ws in zip(swap, tma, persistent, (False, warp_spec), strict=True)
+        kernel_configs.GemmConfig(block_n, block_k, group_m, warps, stages, swap_ab=s, tma=t, persistent=p)
+        for s, t, p in zip(swap, tma, persistent, strict=True)
     )
     return kernel_configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
 
@@ -216,21 +216,26 @@ def test_persistent_tiles_match_one_program_per_tile(scheme, m, persistent, tma,
     assert launch._grid(100, kc.gemm2, aligned, 1, x.device)[1] is bool(persistent[1])
 
 
-@pytest.mark.skipif(not CUDA, reason="Hopper warp specialization compiles for CUDA only")
-def test_warp_specialized_gemm2_matches_plain_tiles_on_cuda():
-    """``GemmConfig.warp_spec`` (GEMM2, persistent, both operands through descriptors, bf16): the forward of
-    the plain tiles, the null segment included."""
+@pytest.mark.skipif(not CUDA, reason="the shipped large-M walk tiles compile for CUDA only")
+@pytest.mark.parametrize("block_n,warps,stages", [(128, 8, 4), (256, 8, 3)])
+def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(block_n, warps, stages):
+    """The walk shapes the H200 table ships at large M (128-row blocks, 8 warps, descriptor loads, 1 and 2
+    programs per SM so each walks many tiles), with a bias and the null segment: the forward of one program
+    per tile."""
     cfg = MoeConfig(8, 2, 512, 256, quant_scheme="bf16", activation="silu", dtype=torch.bfloat16, has_bias=True)
     weights = random_weights(cfg, DEVICE)
-    x, ids, tw = random_inputs(cfg, 300, DEVICE)
+    x, ids, tw = random_inputs(cfg, 3000, DEVICE)
     ids = ids.clone()
     ids[1] = -1
-    ws = _forward(cfg, weights, x, ids, tw, _kc(64, 1, 128, 128, tma=(True, True), persistent=(1, 1),
-                                                warp_spec=True, group_m=8))  # fmt: skip
-    plain = _forward(cfg, weights, x, ids, tw, _kc(64, 1, 128, 128, tma=(True, True), group_m=8))
-    assert relative_l2(ws, plain) <= tolerance("bf16", torch.bfloat16) / 8
-    assert relative_l2(ws, reference_for(cfg, weights, x, ids, tw)) <= tolerance("bf16", torch.bfloat16)
-    assert torch.equal(ws[1], torch.zeros_like(ws[1]))
+    plain = _forward(cfg, weights, x, ids, tw, _kc(64, 1, block_n, 128, tma=(True, True), group_m=8, warps=warps,
+                                                   stages=stages))  # fmt: skip
+    ref = reference_for(cfg, weights, x, ids, tw)
+    for persistent in ((1, 1), (2, 2)):
+        walk = _forward(cfg, weights, x, ids, tw, _kc(64, 1, block_n, 128, tma=(True, True), persistent=persistent,
+                                                      group_m=8, warps=warps, stages=stages))  # fmt: skip
+        assert relative_l2(walk, plain) <= tolerance("bf16", torch.bfloat16) / 8, persistent
+        assert relative_l2(walk, ref) <= tolerance("bf16", torch.bfloat16), persistent
+        assert torch.equal(walk[1], torch.zeros_like(walk[1]))
 
 
 def test_tma_applies_only_to_what_a_descriptor_can_describe():

@@ -172,8 +172,7 @@ def test_tune_candidates_swap_operands_below_a_wgmma_or_for_mxfp4():
 def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks_above(monkeypatch):
     """``tune._trials`` with the timing replaced by a fixed cost per (tile, split): at decode the
     ``SPLIT_TOP`` fastest tiles are re-timed at every split and never as walks; above it the
-    ``PERSISTENT_TOP`` fastest as persistent walks (unsplit, so ``_best`` can pick one), warp-specialized
-    only where asked and only the descriptor tiles; a walk that wins is what ``_best`` returns."""
+    ``PERSISTENT_TOP`` fastest as persistent walks, unsplit, so ``_best`` can pick one."""
     pytest.importorskip("triton")
     from moe_triton import tune
     from moe_triton.kernel_configs import GemmConfig
@@ -181,7 +180,7 @@ def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks
     tiles = [GemmConfig(bn, 64, 8, 4, 3, tma=t) for bn in (32, 64, 128, 256) for t in (False, True)]
 
     def cost(g, split):  # wider is faster; a walk at 2 per SM fastest of all; splits slower
-        return 1000 / g.block_n - (5 if g.persistent == 2 else 0) - (1 if g.warp_spec else 0) + split
+        return 1000 / g.block_n - (5 if g.persistent == 2 else 0) + split
 
     monkeypatch.setattr(tune, "_bench", lambda fn: fn())
     make = lambda g, split: lambda: cost(g, split)
@@ -191,18 +190,16 @@ def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks
     assert all(len(t) == tune.SPLIT_TOP for s, t in decode.items() if s > 1)
     assert not any(g.persistent for t in decode.values() for g in t)
 
-    above = tune._trials(make, tiles, False, warmed.extend, warp_spec=True)
+    above = tune._trials(make, tiles, False, warmed.extend)
     assert set(above) == {1}
     walks = [g for g in above[1] if g.persistent]
     top = sorted(tiles, key=lambda g: cost(g, 1))[: tune.PERSISTENT_TOP]
-    assert {replace(g, persistent=0, warp_spec=False) for g in walks} == set(top)
+    assert {replace(g, persistent=0) for g in walks} == set(top)
     assert {g.persistent for g in walks} == set(tune.PERSISTENT)
-    assert all(g.tma for g in walks if g.warp_spec) and any(g.warp_spec for g in walks)
+    assert len(walks) == len(top) * len(tune.PERSISTENT)
     assert (walks[0], 1) in warmed  # compiled ahead of timing like every candidate
     _, split, best = tune._best(above)
-    assert split == 1 and best.persistent == 2 and best.warp_spec and best.block_n == 256
-    no_ws = tune._trials(make, tiles, False, warmed.extend)
-    assert not any(g.warp_spec for g in no_ws[1])
+    assert split == 1 and best.persistent == 2 and best.block_n == 256
 
 
 @pytest.mark.parametrize("quantized", [False, True])

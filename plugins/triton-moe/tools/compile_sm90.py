@@ -100,19 +100,18 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
           pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False, tma=False, tma_a=False,
-          num_warps=4, prefetch=False, persistent=False, warp_spec=False):  # fmt: skip
+          num_warps=4, prefetch=False, persistent=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, DIRECT=direct,
-             SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a, PREFETCH=prefetch, PERSISTENT=persistent,
-             WARP_SPEC=warp_spec)  # fmt: skip
+             SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a, PREFETCH=prefetch,
+             PERSISTENT=persistent)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}"
            f"{f'_tma{int(tma_a)}_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}"
-           f"{'_prefetch' if prefetch else ''}{'_persistent' if persistent else ''}"
-           f"{'_ws' if warp_spec else ''}")  # fmt: skip
+           f"{'_prefetch' if prefetch else ''}{'_persistent' if persistent else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag, num_warps)
 
@@ -215,16 +214,13 @@ def main() -> None:
     for a_fp8, swap in ((True, True), (False, False)):  # fp8_block scales loaded a K step ahead (fp8_scale_prefetch)
         gemm1(1, 0, True, 4 if swap else 1, block_n=64, a_fp8=a_fp8, swap=swap, up_aligned=True, prefetch=True)
         gemm2(1, True, split=2 if swap else 1, block_n=256 if swap else 64, a_fp8=a_fp8, swap=swap, prefetch=True)
-    # persistent tile walks (GemmConfig.persistent), GEMM2's warp-specialized one (GemmConfig.warp_spec)
+    # persistent tile walks (GemmConfig.persistent)
     for block_n, block_m, warps, tma in ((128, 64, 4, False), (128, 128, 8, True), (256, 128, 8, True)):
         gemm1(0, 0, False, 1, block_n=block_n, block_k=64, block_m=block_m, tma=tma, num_warps=warps, persistent=True)
         gemm2(0, True, block_n=block_n, block_k=64, block_m=block_m, tma=tma, tma_a=tma, num_warps=warps,
               persistent=True)  # fmt: skip
     gemm2(0, True, by_token=True, block_n=128, block_k=64, block_m=128, tma=True, tma_a=True, num_warps=8,
           persistent=True)  # fmt: skip
-    for block_n, warps in ((128, 8), (256, 8)):
-        gemm2(0, True, block_n=block_n, block_k=64, block_m=128, tma=True, tma_a=True, num_warps=warps,
-              persistent=True, warp_spec=True)  # fmt: skip
     gemm1(1, 0, True, 1, block_n=128, block_m=64, a_fp8=True, out_fp8=True, up_aligned=True, tma=True, persistent=True)
     gemm2(1, True, block_n=128, block_m=64, a_fp8=True, tma=True, tma_a=True, persistent=True)
     gemm1(2, 2, True, 1, block_k=128, block_n=128, block_m=64, asm=True, swap=True, persistent=True)

@@ -40,8 +40,7 @@ def constexprs(kernel: str, scheme: str, overrides: list[str]) -> dict:
     c = dict(TOP_K=4, SCHEME=code, ACTIVATION=activation, HAS_BIAS=True, ROUTER_ON_INPUT=False, PRECISION="tf32",
              SPLIT_K=1, DECODE_ASM=scheme == "mxfp4", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, SWAP_AB=False,
              A_FP8=False, OUT_FP8=False, ROUND=tl.bfloat16, DIRECT=False, PDL=False, TMA=False, UP_ALIGNED=False,
-             OUT_BY_TOKEN=False, SUM_SLOTS=False, TMA_A=False, PREFETCH=False, PERSISTENT=False,
-             WARP_SPEC=False)  # fmt: skip
+             OUT_BY_TOKEN=False, SUM_SLOTS=False, TMA_A=False, PREFETCH=False, PERSISTENT=False)  # fmt: skip
     for item in overrides:
         name, _, value = item.partition("=")
         if name not in c or not value:

@@ -272,14 +272,8 @@ def launch_gemm2(
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
         SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
         PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent,
-        WARP_SPEC=persistent and g.warp_spec and tma_a and w.scheme in WARP_SPEC_SCHEMES and y.is_cuda,
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
-
-
-#: the schemes whose GEMM2 K loop can be warp-specialized (``GemmConfig.warp_spec``): every load a descriptor
-#: load (fp8_block's scales and MXFP4's bytes are pointer loads, which Triton's Hopper partitioning refuses)
-WARP_SPEC_SCHEMES = frozenset({"fp32", "bf16", "fp16"})
 
 
 def fp8_intermediate(scheme: str, gemm1_tiles: GemmConfig) -> bool:

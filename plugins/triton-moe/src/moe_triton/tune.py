@@ -12,8 +12,7 @@ reduces its partials in the same launch): for each split in ``SPLITS`` the few
 tiles that were fastest unsplit are re-timed, and the fastest (split, tile)
 wins (1 = off is always a candidate). Above it (aligned routing, many tiles)
 the fastest unsplit tiles are re-timed as persistent walks instead
-(``GemmConfig.persistent`` in ``PERSISTENT``, and GEMM2's descriptor tiles of
-float weights also warp-specialized). Weights are prepared first
+(``GemmConfig.persistent`` in ``PERSISTENT``). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
 Compiling a candidate costs far more than timing it, so on CUDA each batch of
@@ -189,19 +188,10 @@ def _time(make, split: int, gemms) -> dict:
     return {c: _safe(_bench, make(c, split)) for c in gemms}
 
 
-def persistent_variants(tiles, warp_spec: bool) -> list[GemmConfig]:
-    """Each tile as a persistent walk (``PERSISTENT`` programs per SM); with ``warp_spec`` (GEMM2, float
-    weights) its descriptor tiles also warp-specialized (``GemmConfig.warp_spec``)."""
-    out = [replace(g, persistent=p) for g in tiles for p in PERSISTENT]
-    if warp_spec:
-        out += [replace(g, persistent=p, warp_spec=True) for g in tiles if g.tma for p in PERSISTENT]
-    return out
-
-
-def _trials(make, gemms, decode: bool, warm, warp_spec: bool = False) -> dict[int, dict]:
+def _trials(make, gemms, decode: bool, warm) -> dict[int, dict]:
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
     ``SPLIT_TOP`` fastest unsplit tiles, above it the ``PERSISTENT_TOP`` fastest as persistent walks
-    (``persistent_variants``, unsplit). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing."""
+    (``PERSISTENT`` programs per SM, unsplit). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing."""
     warm([(g, 1) for g in gemms])
     trials = {1: _time(make, 1, gemms)}
     if decode:
@@ -210,7 +200,8 @@ def _trials(make, gemms, decode: bool, warm, warp_spec: bool = False) -> dict[in
         for split in SPLITS:
             trials[split] = _time(make, split, top)
     else:
-        walks = persistent_variants(sorted(trials[1], key=trials[1].get)[:PERSISTENT_TOP], warp_spec)
+        walks = [replace(g, persistent=p) for g in sorted(trials[1], key=trials[1].get)[:PERSISTENT_TOP]
+                 for p in PERSISTENT]  # fmt: skip
         warm([(g, 1) for g in walks])
         trials[1].update(_time(make, 1, walks))
     return trials
@@ -249,8 +240,7 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
-                warp_spec = kind == "gemm2" and scheme in launch.WARP_SPEC_SCHEMES and descriptors
-                trials[kind] = _trials(make, gemms, decode, warm, warp_spec)
+                trials[kind] = _trials(make, gemms, decode, warm)
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
                 t1, t2 = trials1[split], trials2[split]

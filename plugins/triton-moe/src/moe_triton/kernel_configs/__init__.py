@@ -55,10 +55,7 @@ class GemmConfig:
 
     ``persistent`` (aligned routing, unsplit; else ignored): that many programs per SM, each walking the
     tiles in use in turn, instead of one program per tile — at large M a program's setup and epilogue
-    overlap the next tile's loads and no program waits to be scheduled; 0 = one program per tile.
-    ``warp_spec`` (GEMM2 with ``persistent`` and descriptor loads of both operands, float weights, CUDA;
-    ``launch.WARP_SPEC_SCHEMES``; else ignored): Triton's Hopper warp specialization of the tile walk, a
-    producer warp group issuing the loads for the MMA warps."""
+    overlap the next tile's loads and no program waits to be scheduled; 0 = one program per tile."""
 
     block_n: int = 64
     block_k: int = 64
@@ -68,7 +65,6 @@ class GemmConfig:
     swap_ab: bool = False
     tma: bool = False
     persistent: int = 0
-    warp_spec: bool = False
 
 
 @dataclass(frozen=True)

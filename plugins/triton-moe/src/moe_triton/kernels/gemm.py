@@ -568,7 +568,6 @@ def _gemm2(
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
     SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
     TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
-    WARP_SPEC: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT`` and
     ``PERSISTENT`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a``
@@ -583,15 +582,13 @@ def _gemm2(
     ``TMA``: the weight tiles through a descriptor over ``[E * H, K]``, as in ``_gemm1``. ``TMA_A``
     (aligned routing: a block's rows are consecutive rows of ``a``): ``a``'s tiles through a descriptor
     too; a block's padding rows then hold whatever ``a`` holds there, which reaches only those rows'
-    outputs, never stored. ``WARP_SPEC`` (``PERSISTENT`` with ``TMA`` and ``TMA_A``, float weights): the
-    tile loop warp-specialized (``_gemm2_acc``); the persistent body has no early exit, as Triton's
-    partitioning requires."""
+    outputs, never stored."""
     _pdl_start(PDL)
     if PERSISTENT:
         w_desc, a_desc = _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M, BLOCK_N,
                                       BLOCK_K, TMA, TMA_A)  # fmt: skip
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N, BLOCK_M, BLOCK_N)
-        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0), warp_specialize=WARP_SPEC):
+        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
             pid_m, pid_n = _tile_ids(t, used, num_n, GROUP_M)
             expert, live = _live_expert(block_expert_ptr, pid_m, num_experts)
             rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, False)
