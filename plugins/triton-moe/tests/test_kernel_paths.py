@@ -217,8 +217,8 @@ def test_persistent_tiles_match_one_program_per_tile(scheme, m, persistent, tma,
 
 
 @pytest.mark.skipif(not CUDA, reason="the shipped large-M walk tiles compile for CUDA only")
-@pytest.mark.parametrize("block_n,warps,stages", [(128, 8, 4), (256, 8, 3)])
-def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(block_n, warps, stages):
+@pytest.mark.parametrize("block_n1,block_n2,stages", [(128, 128, 4), (128, 256, 4), (256, 128, 3)])
+def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(block_n1, block_n2, stages):
     """The walk shapes the H200 table ships at large M (128-row blocks, 8 warps, descriptor loads, 1 and 2
     programs per SM so each walks many tiles), with a bias and the null segment: the forward of one program
     per tile."""
@@ -227,12 +227,16 @@ def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(b
     x, ids, tw = random_inputs(cfg, 3000, DEVICE)
     ids = ids.clone()
     ids[1] = -1
-    plain = _forward(cfg, weights, x, ids, tw, _kc(64, 1, block_n, 128, tma=(True, True), group_m=8, warps=warps,
-                                                   stages=stages))  # fmt: skip
+
+    def tiles(persistent):
+        g1, g2 = (kernel_configs.GemmConfig(bn, 64, 8, 8, stages, tma=True, persistent=persistent)
+                  for bn in (block_n1, block_n2))  # fmt: skip
+        return kernel_configs.KernelConfig(128, g1, g2, 1, 1)
+
+    plain = _forward(cfg, weights, x, ids, tw, tiles(0))
     ref = reference_for(cfg, weights, x, ids, tw)
-    for persistent in ((1, 1), (2, 2)):
-        walk = _forward(cfg, weights, x, ids, tw, _kc(64, 1, block_n, 128, tma=(True, True), persistent=persistent,
-                                                      group_m=8, warps=warps, stages=stages))  # fmt: skip
+    for persistent in (1, 2):
+        walk = _forward(cfg, weights, x, ids, tw, tiles(persistent))
         assert relative_l2(walk, plain) <= tolerance("bf16", torch.bfloat16) / 8, persistent
         assert relative_l2(walk, ref) <= tolerance("bf16", torch.bfloat16), persistent
         assert torch.equal(walk[1], torch.zeros_like(walk[1]))

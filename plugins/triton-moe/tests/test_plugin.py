@@ -171,8 +171,9 @@ def test_tune_candidates_swap_operands_below_a_wgmma_or_for_mxfp4():
 
 def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks_above(monkeypatch):
     """``tune._trials`` with the timing replaced by a fixed cost per (tile, split): at decode the
-    ``SPLIT_TOP`` fastest tiles are re-timed at every split and never as walks; above it the
-    ``PERSISTENT_TOP`` fastest as persistent walks, unsplit, so ``_best`` can pick one."""
+    ``SPLIT_TOP`` fastest tiles are re-timed at every split, and as walks only where the routing is
+    aligned; with aligned routing the ``PERSISTENT_TOP`` fastest as persistent walks, unsplit, so ``_best``
+    can pick one."""
     pytest.importorskip("triton")
     from moe_triton import tune
     from moe_triton.kernel_configs import GemmConfig
@@ -190,7 +191,10 @@ def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks
     assert all(len(t) == tune.SPLIT_TOP for s, t in decode.items() if s > 1)
     assert not any(g.persistent for t in decode.values() for g in t)
 
-    above = tune._trials(make, tiles, False, warmed.extend)
+    both = tune._trials(make, tiles, True, warmed.extend, walks=True)
+    assert set(both) == {1, *tune.SPLITS} and any(g.persistent for g in both[1])
+    assert not any(g.persistent for s, t in both.items() if s > 1 for g in t)
+    above = tune._trials(make, tiles, False, warmed.extend, walks=True)
     assert set(above) == {1}
     walks = [g for g in above[1] if g.persistent]
     top = sorted(tiles, key=lambda g: cost(g, 1))[: tune.PERSISTENT_TOP]

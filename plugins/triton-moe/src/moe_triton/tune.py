@@ -10,9 +10,9 @@ large rows per expert) so a preset tunes in minutes, not hours.
 In the decode regime split-K is tuned too, for each GEMM on its own (each
 reduces its partials in the same launch): for each split in ``SPLITS`` the few
 tiles that were fastest unsplit are re-timed, and the fastest (split, tile)
-wins (1 = off is always a candidate). Above it (aligned routing, many tiles)
-the fastest unsplit tiles are re-timed as persistent walks instead
-(``GemmConfig.persistent`` in ``PERSISTENT``). Weights are prepared first
+wins (1 = off is always a candidate). Wherever the forward aligns its routing
+(``kernel_configs.direct_decode`` false) the fastest unsplit tiles are also
+re-timed as persistent walks (``GemmConfig.persistent`` in ``PERSISTENT``). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
 Compiling a candidate costs far more than timing it, so on CUDA each batch of
@@ -70,7 +70,7 @@ _LARGE = [
 SPLITS = (2, 4, 8)
 #: how many of each GEMM's fastest unsplit tiles each split re-times
 SPLIT_TOP = 4
-#: programs per SM of the persistent walks tried above the decode regime (re-timing the fastest plain tiles)
+#: programs per SM of the persistent walks tried where the forward aligns its routing (re-timing the fastest tiles)
 PERSISTENT = (1, 2)
 #: how many of each GEMM's fastest plain tiles are re-timed as persistent walks
 PERSISTENT_TOP = 3
@@ -188,10 +188,11 @@ def _time(make, split: int, gemms) -> dict:
     return {c: _safe(_bench, make(c, split)) for c in gemms}
 
 
-def _trials(make, gemms, decode: bool, warm) -> dict[int, dict]:
+def _trials(make, gemms, decode: bool, warm, walks: bool = False) -> dict[int, dict]:
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
-    ``SPLIT_TOP`` fastest unsplit tiles, above it the ``PERSISTENT_TOP`` fastest as persistent walks
-    (``PERSISTENT`` programs per SM, unsplit). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing."""
+    ``SPLIT_TOP`` fastest unsplit tiles, and with ``walks`` (aligned routing) the ``PERSISTENT_TOP`` fastest
+    unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split). ``warm(pairs)``
+    compiles (candidate, split) pairs ahead of timing."""
     warm([(g, 1) for g in gemms])
     trials = {1: _time(make, 1, gemms)}
     if decode:
@@ -199,11 +200,11 @@ def _trials(make, gemms, decode: bool, warm) -> dict[int, dict]:
         warm([(g, split) for split in SPLITS for g in top])
         for split in SPLITS:
             trials[split] = _time(make, split, top)
-    else:
-        walks = [replace(g, persistent=p) for g in sorted(trials[1], key=trials[1].get)[:PERSISTENT_TOP]
-                 for p in PERSISTENT]  # fmt: skip
-        warm([(g, 1) for g in walks])
-        trials[1].update(_time(make, 1, walks))
+    if walks:
+        persistent = [replace(g, persistent=p) for g in sorted(trials[1], key=trials[1].get)[:PERSISTENT_TOP]
+                      for p in PERSISTENT]  # fmt: skip
+        warm([(g, 1) for g in persistent])
+        trials[1].update(_time(make, 1, persistent))
     return trials
 
 
@@ -235,12 +236,13 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
         for block_m, gemms in candidates(scheme, m * k / e, descriptors):
             makes = _launches(config, weights, inputs, block_m, device)
             decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
+            walks = not kernel_configs.direct_decode(m, k, e)  # the forward aligns: persistent walks apply
             trials = {}
             for kind, make in makes.items():
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
-                trials[kind] = _trials(make, gemms, decode, warm)
+                trials[kind] = _trials(make, gemms, decode, warm, walks)
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
                 t1, t2 = trials1[split], trials2[split]
