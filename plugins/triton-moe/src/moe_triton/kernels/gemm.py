@@ -636,7 +636,7 @@ def _gemm2(
                 return
             tl.atomic_xchg(counter, 0)
             acc = _sum_partials(part, out_mask, stride_ps, SPLIT_K, BLOCK_M, BLOCK_N)
-        _gemm2_epilogue(acc, expert, expert < num_experts, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr,
+        _gemm2_epilogue(acc, expert, True, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr,
                         out_ptr, stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                         OUT_BY_TOKEN)  # fmt: skip
         if SUM_SLOTS:
