@@ -217,11 +217,13 @@ def test_persistent_tiles_match_one_program_per_tile(scheme, m, persistent, tma,
 
 
 @pytest.mark.skipif(not CUDA, reason="the shipped large-M walk tiles compile for CUDA only")
-@pytest.mark.parametrize("block_n1,block_n2,stages", [(128, 128, 4), (128, 256, 4), (256, 128, 3)])
-def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(block_n1, block_n2, stages):
-    """The walk shapes the H200 table ships at large M (128-row blocks, 8 warps, descriptor loads, 1 and 2
-    programs per SM so each walks many tiles), with a bias and the null segment: the forward of one program
-    per tile."""
+@pytest.mark.parametrize(
+    "block_m,block_n1,block_n2,stages", [(128, 128, 128, 4), (128, 128, 256, 4), (64, 256, 256, 3)]
+)
+def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(block_m, block_n1, block_n2, stages):
+    """The walk shapes the H200 table ships at large M (64- and 128-row blocks, 8 warps, descriptor loads, 1
+    and 2 programs per SM so each walks many tiles), with a bias and the null segment: the forward of one
+    program per tile. (A 256-wide GEMM1 tile of 128 rows needs more shared memory than an SM has.)"""
     cfg = MoeConfig(8, 2, 512, 256, quant_scheme="bf16", activation="silu", dtype=torch.bfloat16, has_bias=True)
     weights = random_weights(cfg, DEVICE)
     x, ids, tw = random_inputs(cfg, 3000, DEVICE)
@@ -231,7 +233,7 @@ def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(b
     def tiles(persistent):
         g1, g2 = (kernel_configs.GemmConfig(bn, 64, 8, 8, stages, tma=True, persistent=persistent)
                   for bn in (block_n1, block_n2))  # fmt: skip
-        return kernel_configs.KernelConfig(128, g1, g2, 1, 1)
+        return kernel_configs.KernelConfig(block_m, g1, g2, 1, 1)
 
     plain = _forward(cfg, weights, x, ids, tw, tiles(0))
     ref = reference_for(cfg, weights, x, ids, tw)
