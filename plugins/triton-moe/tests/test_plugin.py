@@ -206,6 +206,62 @@ def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks
     assert split == 1 and best.persistent == 2 and best.block_n == 256
 
 
+def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_tiles(monkeypatch):
+    """A tile a compiler lowers wrongly must not win by being fast: ``tune_shape`` on the interpreter with
+    the timing replaced (wider is faster) and one GEMM2 tile made to write wrong output (as Triton's
+    warp-specialized walk once did on the H200): that tile, split or walked, is logged and not chosen; the
+    next fastest is. GEMM1's last-timed candidate writes NaN: it is refused too, and GEMM2's candidates still
+    read the first GEMM1 tile's output (else every GEMM2 tile would disagree)."""
+    pytest.importorskip("triton")
+    from moe_triton import launch, tune
+    from moe_triton.kernel_configs import GemmConfig
+
+    cfg = MoeConfig(8, 2, 64, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32)
+    weights = tune.prepare_weights_for(cfg, "cpu")
+    tiles = [GemmConfig(bn, bk, 1, 4, 2) for bn, bk in ((32, 32), (64, 32), (32, 64))]
+    real1, real2 = launch.launch_gemm1, launch.launch_gemm2
+
+    def nan_when_walking_64_deep(*args, **kw):
+        real1(*args, **kw)
+        if args[5].block_k == 64 and args[5].persistent:
+            args[4].fill_(float("nan"))
+
+    def wrong_when_64_wide(a, w, routing, y, g, **kw):
+        real2(a, w, routing, y, g, **kw)
+        if g.block_n == 64:
+            y.mul_(1.5)
+
+    timed = []
+
+    def bench(fn):
+        fn()
+        g = fn.args[5] if fn.func is launch.launch_gemm1 else fn.args[4]
+        timed.append(g)
+        return 1.0 / g.block_n
+
+    monkeypatch.setattr(launch, "launch_gemm1", nan_when_walking_64_deep)
+    monkeypatch.setattr(launch, "launch_gemm2", wrong_when_64_wide)
+    monkeypatch.setattr(tune, "_bench", bench)
+    monkeypatch.setattr(tune, "candidates", lambda scheme, rows, tma=False: [(16, tiles)])
+    monkeypatch.setattr(tune, "SPLITS", (2,))
+    monkeypatch.setattr(tune, "PERSISTENT", (1,))
+    lines = []
+    best = tune.tune_shape(cfg, weights, [20], "cpu", log=lines.append)[20]
+    assert best.gemm1.block_n == 64  # right and fastest
+    assert best.gemm2.block_n != 64 and best.gemm2 in {*tiles, *(replace(t, persistent=1) for t in tiles)}
+    assert not (best.gemm1.block_k == 64 and best.gemm1.persistent)
+    rejected = [line for line in lines if "not chosen" in line]
+    assert (
+        [line for line in rejected if "another a " in line]
+        == [line for line in rejected if "another a " in line and "block_k=64" in line and "persistent=1" in line]
+        != []
+    )
+    gemm2 = [line for line in rejected if "another y " in line]
+    assert gemm2 and all("block_n=64" in line for line in gemm2)
+    assert any("persistent=1" in line for line in gemm2) and any("split 2" in line for line in gemm2)
+    assert sum(g.block_n == 64 for g in timed) >= 4  # timed (unsplit, split, walked), then refused
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 def test_custom_op_opcheck(quantized):
     from moe_core.synthetic import random_inputs, random_weights

@@ -15,6 +15,12 @@ wins (1 = off is always a candidate). Wherever the forward aligns its routing
 re-timed as persistent walks (``GemmConfig.persistent`` in ``PERSISTENT``). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
+Every timed candidate's output is compared with the output the first candidate
+of the same launch wrote (the heuristic tile, which every list starts with),
+and one that disagrees by more than the scheme's tolerance
+(``moe_core.tolerances``) is logged and never chosen: a tile a compiler
+lowers wrongly must not win by being fast.
+
 Compiling a candidate costs far more than timing it, so on CUDA each batch of
 candidates is first compiled by worker processes (``moe_triton.compile_pool``,
 ``MOE_TRITON_TUNE_JOBS``) and only then timed, here, one after another.
@@ -38,6 +44,7 @@ from pathlib import Path
 import torch
 import triton
 
+from moe_core.tolerances import tolerance
 from moe_triton import kernel_configs, launch
 from moe_triton import tma as tma_mod
 from moe_triton.compile_pool import Compiler, default_jobs
@@ -138,7 +145,8 @@ def _inputs(config, m: int, device):
 def _launches(config, weights, inputs, block_m: int, device) -> dict:
     """``{kind: make}`` for one BLOCK_M: the alignment runs once and the buffers are allocated here;
     ``make(g, split)`` returns a zero-argument launch of that GEMM candidate (its split-K scratch taken,
-    counters zeroed), to time or to run once."""
+    counters zeroed), to time or to run once; the launch's ``written`` is (which buffer, a float32 view of
+    what it wrote there), for ``_Agreement``."""
     from moe_triton.kernels import align
 
     scheme, h, i, k = config.quant_scheme, config.hidden_size, config.intermediate_size, config.top_k
@@ -162,19 +170,29 @@ def _launches(config, weights, inputs, block_m: int, device) -> dict:
             counters.zero_()  # each reducing program zeroes its counter again: every replay reduces
         return found
 
+    def codes():  # the quantized intermediate as the values it stands for
+        return a8.float() * a8_scale.repeat_interleave(128, dim=1)[:, :i]
+
+    def written(fn, buffer, read):
+        fn.written = (buffer, read)
+        return fn
+
     def gemm1(g, split):
         sc = scratch(g.block_n, split, 2 * i, i)
         if launch.fp8_intermediate(scheme, g):
-            return functools.partial(launch.launch_gemm1, x, w13, routing, act, a8, g, x_scale=x_scale,
-                                     out_scale=a8_scale, round_to=config.dtype, split=sc)  # fmt: skip
-        return functools.partial(launch.launch_gemm1, x, w13, routing, act, a, g, x_scale=x_scale, split=sc)
+            fn = functools.partial(launch.launch_gemm1, x, w13, routing, act, a8, g, x_scale=x_scale,
+                                   out_scale=a8_scale, round_to=config.dtype, split=sc)  # fmt: skip
+            return written(fn, "a8", codes)
+        fn = functools.partial(launch.launch_gemm1, x, w13, routing, act, a, g, x_scale=x_scale, split=sc)
+        return written(fn, "a", a.float)
 
     def gemm2(g, split):
-        return functools.partial(launch.launch_gemm2, a, w2, routing, y, g, split=scratch(g.block_n, split, h, h))
+        fn = functools.partial(launch.launch_gemm2, a, w2, routing, y, g, split=scratch(g.block_n, split, h, h))
+        return written(fn, "y", y.float)
 
     def gemm2_codes(g, split):
-        return functools.partial(launch.launch_gemm2, a8, w2, routing, y, g, a_scale=a8_scale,
-                                 split=scratch(g.block_n, split, h, h))  # fmt: skip
+        return written(functools.partial(launch.launch_gemm2, a8, w2, routing, y, g, a_scale=a8_scale,
+                                         split=scratch(g.block_n, split, h, h)), "y from a8", y.float)  # fmt: skip
 
     return {"gemm1": gemm1, "gemm2": gemm2, **({"gemm2_codes": gemm2_codes} if fp8 else {})}
 
@@ -183,28 +201,65 @@ def _no_warm(pairs) -> None:
     """No compile workers: each candidate compiles when first timed."""
 
 
-def _time(make, split: int, gemms) -> dict:
-    """Times of one GEMM's candidates at this split."""
-    return {c: _safe(_bench, make(c, split)) for c in gemms}
+class _Agreement:
+    """Each candidate's output against the first output written to the same buffer of one (M, BLOCK_M)
+    (``_launches``' ``written``): ``check`` is their relative L2 difference (0 for the first)."""
+
+    def __init__(self):
+        self.first: dict[str, tuple] = {}  # buffer -> (the first launch that wrote it, what it wrote)
+
+    def check(self, fn) -> float:
+        buffer, read = fn.written
+        out = read()
+        if buffer not in self.first:
+            self.first[buffer] = (fn, out.clone())
+            return 0.0
+        ref = self.first[buffer][1]
+        denom, num = float(ref.norm()), float((out - ref).norm())
+        return num / denom if denom else (0.0 if num == 0.0 else float("inf"))
+
+    def restore(self) -> None:
+        """Run each buffer's first launch again, so the next GEMM's candidates read its output rather than
+        the last candidate's (which may be one that ``check`` rejected)."""
+        for fn, _ in self.first.values():
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
 
 
-def _trials(make, gemms, decode: bool, warm, walks: bool = False) -> dict[int, dict]:
+def _time(make, split: int, gemms, agree: _Agreement | None = None, limit: float = 0.0, log=print) -> dict:
+    """Times of one GEMM's candidates at this split; with ``agree``, a candidate whose output differs from
+    the first one's by more than ``limit`` gets an infinite time (never chosen) and a log line."""
+    times = {}
+    for c in gemms:
+        fn = make(c, split)
+        times[c] = _safe(_bench, fn)
+        if agree is not None and times[c] != float("inf"):
+            err = agree.check(fn)
+            if not err <= limit:
+                log(f"  candidate wrote another {fn.written[0]} than the first tile (relative L2 {err:.2e} > "
+                    f"{limit:g}), not chosen: {c} split {split}")  # fmt: skip
+                times[c] = float("inf")
+    return times
+
+
+def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time) -> dict[int, dict]:
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
     ``SPLIT_TOP`` fastest unsplit tiles, and with ``walks`` (aligned routing) the ``PERSISTENT_TOP`` fastest
     unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split). ``warm(pairs)``
-    compiles (candidate, split) pairs ahead of timing."""
+    compiles (candidate, split) pairs ahead of timing; ``timer(make, split, tiles)`` times them (``_time``)."""
     warm([(g, 1) for g in gemms])
-    trials = {1: _time(make, 1, gemms)}
+    trials = {1: timer(make, 1, gemms)}
     if decode:
         top = sorted(trials[1], key=trials[1].get)[:SPLIT_TOP]
         warm([(g, split) for split in SPLITS for g in top])
         for split in SPLITS:
-            trials[split] = _time(make, split, top)
+            trials[split] = timer(make, split, top)
     if walks:
         persistent = [replace(g, persistent=p) for g in sorted(trials[1], key=trials[1].get)[:PERSISTENT_TOP]
                       for p in PERSISTENT]  # fmt: skip
         warm([(g, 1) for g in persistent])
-        trials[1].update(_time(make, 1, persistent))
+        trials[1].update(timer(make, 1, persistent))
     return trials
 
 
@@ -229,12 +284,15 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     scheme, e, k = config.quant_scheme, config.num_experts, config.top_k
     descriptors = _descriptors(device)
     shapes = weights.shapes()
+    limit = tolerance(scheme, config.dtype)
     result = {}
     for m in tokens:
         inputs = _inputs(config, m, device)
         best_total, best = float("inf"), None
         for block_m, gemms in candidates(scheme, m * k / e, descriptors):
             makes = _launches(config, weights, inputs, block_m, device)
+            agree = _Agreement()
+            timer = functools.partial(_time, agree=agree, limit=limit, log=log)
             decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
             walks = not kernel_configs.direct_decode(m, k, e)  # the forward aligns: persistent walks apply
             trials = {}
@@ -242,7 +300,9 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
-                trials[kind] = _trials(make, gemms, decode, warm, walks)
+                trials[kind] = _trials(make, gemms, decode, warm, walks, timer)
+                if kind == "gemm1":
+                    agree.restore()  # GEMM2's candidates read the first GEMM1 tile's output
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
             for split in trials1:
                 t1, t2 = trials1[split], trials2[split]
