@@ -46,11 +46,11 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
 
 
 def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None,
-        tma=(False, False), persistent=(0, 0), group_m=1, warps=4, stages=2):  # fmt: skip
+        tma=(False, False), persistent=(0, 0), group_m=1):  # fmt: skip
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
     reaches GEMM2 as 0, which ``sanitize`` makes 1); ``persistent`` per GEMM."""
     g1, g2 = (
-        kernel_configs.GemmConfig(block_n, block_k, group_m, warps, stages, swap_ab=s, tma=t, persistent=p)
+        kernel_configs.GemmConfig(block_n, block_k, group_m, 4, 2, swap_ab=s, tma=t, persistent=p)
         for s, t, p in zip(swap, tma, persistent, strict=True)
     )
     return kernel_configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)

@@ -135,12 +135,19 @@ def _persistent_tiles(offsets_ptr, num_experts, n_cols, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
-def _live_expert(block_expert_ptr, pid_m, num_experts):
-    """A row block in use's expert and whether it has weights (false: the null segment, whose expert is
-    given as 0 so every address stays valid; its K loop runs no step and its loads are masked)."""
+def _walk_tile(t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, n_cols, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+    """Tile ``t`` of a persistent walk (``_persistent_tiles``, ``_tile_ids``' grouped order): its row and
+    column blocks, expert and whether that has weights (false: the null segment, whose expert is given as 0 so every
+    address stays valid; its K loop runs no step and its loads are masked), its rows (``_block_pairs``) and
+    columns ``n0 + arange(BLOCK_N)`` with their bound."""
+    pid_m, pid_n = _tile_ids(t, used, num_n, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     live = e < num_experts
-    return tl.where(live, e, 0), live
+    rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, False)
+    n0 = pid_n * BLOCK_N
+    n = n0 + tl.arange(0, BLOCK_N)
+    return pid_m, pid_n, tl.where(live, e, 0), live, rows, pair, row_ok, n0, n, n < n_cols
 
 
 @triton.jit
@@ -381,20 +388,14 @@ def _gemm1(
     """
     _pdl_start(PDL)
     if PERSISTENT:
-        if TMA:
-            w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
-        else:
-            w_desc = w_ptr
+        w_desc = _weight_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K, TMA)
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N_HALF, BLOCK_M, BLOCK_N)
         for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
-            pid_m, pid_n = _tile_ids(t, used, num_n, GROUP_M)
-            expert, live = _live_expert(block_expert_ptr, pid_m, num_experts)
-            rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, False)
+            _, pid_n, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
+                t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N_HALF, BLOCK_M, BLOCK_N, GROUP_M
+            )
             row_ok = tl.where(live, row_ok, False)  # null segment: nothing read, nothing stored
             token = (pair // TOP_K).to(tl.int64)
-            n0 = pid_n * BLOCK_N
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < N_HALF
             acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, 0,
                                       tl.where(live, K, 0), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we,
                                       stride_wn, stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION,
@@ -420,10 +421,7 @@ def _gemm1(
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < N_HALF
         k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
-        if TMA:
-            w_desc = _rows_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K)
-        else:
-            w_desc = w_ptr
+        w_desc = _weight_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K, TMA)
         acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, k_lo,
                                   k_hi, N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk,
                                   stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N,
@@ -517,14 +515,22 @@ def _gemm2_acc(
 
 
 @triton.jit
+def _weight_desc(w_ptr, rows, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+    """The descriptor over all experts' weights ``[rows, K]`` where ``TMA`` asks for one (else the plain
+    pointer, unused): built once per program."""
+    if TMA:
+        desc = _rows_desc(w_ptr, rows, K, stride_wn, BLOCK_N, BLOCK_K)
+    else:
+        desc = w_ptr
+    return desc
+
+
+@triton.jit
 def _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr):  # fmt: skip
     """GEMM2's (weight, intermediate) descriptors where ``TMA`` / ``TMA_A`` ask for them (else the plain
     pointers, unused): built once per program."""
-    if TMA:
-        w_desc = _rows_desc(w_ptr, num_experts * N, K, stride_wn, BLOCK_N, BLOCK_K)
-    else:
-        w_desc = w_ptr
+    w_desc = _weight_desc(w_ptr, num_experts * N, K, stride_wn, BLOCK_N, BLOCK_K, TMA)
     if TMA_A:
         a_desc = _rows_desc(a_ptr, num_m * BLOCK_M, K, stride_am, BLOCK_M, BLOCK_K)
     else:
@@ -589,12 +595,9 @@ def _gemm2(
                                       BLOCK_K, TMA, TMA_A)  # fmt: skip
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N, BLOCK_M, BLOCK_N)
         for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
-            pid_m, pid_n = _tile_ids(t, used, num_n, GROUP_M)
-            expert, live = _live_expert(block_expert_ptr, pid_m, num_experts)
-            rows, pair, row_ok = _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, False)
-            n0 = pid_n * BLOCK_N
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < N
+            pid_m, _, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
+                t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N, BLOCK_M, BLOCK_N, GROUP_M
+            )
             acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
                              tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn,
                              stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M,
