@@ -77,6 +77,9 @@ Steps (default limit in seconds):
                        tools/peer_setup.sh on a machine with network: carry .peer) ->
                        side_by_side.json, log.txt and the markdown tables (report.md). ARGS go to the harness
                        (e.g. --parts bf16 --ms 512,4096 --profile-ms 4096)
+  peer-ncu ROWS        (420)  Nsight Compute counters of our forward's kernels and the peer's GEMM launches for
+                       the rows PRESET:SCHEME:M,... (tools/peer_ncu.py under ncu, one process; carry .peer)
+                       -> peer-ncu.ncu-rep, peer-ncu.csv (raw page), peer-ncu.json and the table (report.md)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched block (Qwen3-30B-A3B, or
                        --family gpt-oss-120b; --tokens M,...) and of its parts (router, runner, checks, apply)
                        against transformers' grouped_mm block; --cprofile N, --kernels -> overhead.json
@@ -130,7 +133,7 @@ default_limit() {
     sglang) echo 300 ;;
     select) echo 540 ;;
     ranks) echo 540 ;;
-    peer) echo 420 ;;
+    peer | peer-ncu) echo 420 ;;
     flashinfer:build | flashinfer:slim-build | triton:tune) echo 590 ;;
     *) echo 300 ;;
   esac
@@ -142,7 +145,7 @@ packages_for() {  # the folders a step needs installed
     tests | check | install)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
-    bench | door-cost | transformers | overhead | ranks | peer) echo core plugins/triton-moe ;;
+    bench | door-cost | transformers | overhead | ranks | peer | peer-ncu) echo core plugins/triton-moe ;;
     sglang) echo core plugins/triton-moe plugins/flashinfer-mxfp4 integrations/sglang ;;
     select) echo core plugins/triton-moe plugins/flashinfer-mxfp4 examples/moe-torch-grouped ;;
     flashinfer:slim-run) echo core "$(dirname "$(dirname "$(plugin_script flashinfer)")")" plugins/triton-moe ;;
@@ -312,6 +315,20 @@ step_peer() {  # the harness stops starting rows 30 s before the step's limit, s
   "$PY" .peer/side_by_side.py --report "$OUT/side_by_side.json" > "$OUT/report.md" && cat "$OUT/report.md"
 }
 
+step_peer_ncu() {  # ROWS: PRESET:SCHEME:M,...
+  [ -f .peer/side_by_side.py ] && [ -d .peer/vendor ] \
+    || { echo "peer-ncu: .peer/side_by_side.py and .peer/vendor/ not here (carry .peer)"; return 1; }
+  local rows=${1:-} ncu
+  [ -n "$rows" ] || { echo "peer-ncu needs ROWS (PRESET:SCHEME:M,...)"; return 1; }
+  ncu=$(gpu_find_ncu) || { echo "peer-ncu: Nsight Compute (ncu) not found"; return 1; }
+  "$ncu" --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
+    --section Occupancy --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis -f -o "$OUT/peer-ncu" "$PY" tools/peer_ncu.py --rows "$rows" || return 1
+  "$ncu" --import "$OUT/peer-ncu.ncu-rep" --csv --page raw > "$OUT/peer-ncu.csv" || return 1
+  "$PY" tools/peer_ncu.py --table "$OUT/peer-ncu.csv" --rows "$rows" --json "$OUT/peer-ncu.json" > "$OUT/report.md" \
+    && cat "$OUT/report.md"
+}
+
 step_transformers() {
   local status=0 families=()
   while [ $# -gt 0 ] && [[ $1 == qwen3-30b-a3b || $1 == gpt-oss-120b ]]; do families+=("$1"); shift; done
@@ -341,6 +358,7 @@ if [ "${1:-}" = --run-step ]; then
     sglang) step_sglang "$@" ;;
     ranks) step_ranks "$@" ;;
     peer) step_peer "$@" ;;
+    peer-ncu) step_peer_ncu "$@" ;;
     install) echo "installed: $(cat "$(dirname "$OUT")/install.txt" 2>/dev/null | tail -n 1)" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
@@ -355,7 +373,7 @@ NAMES=() LIMITS=() STEP_ARGS=() FIRST_ARG=() ARG_COUNT=()  # a step's ARGS: STEP
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | peer | install) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | peer | peer-ncu | install) return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;

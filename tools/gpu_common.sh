@@ -94,6 +94,11 @@ print("packages:", ", ".join(f"{n} {md.version(n)}" for n in names + extra))
 PY
 }
 
+gpu_find_ncu() {  # prints the Nsight Compute CLI's path (PATH, else the CUDA image's install); status 1: none
+  command -v ncu || find /opt/nvidia/nsight-compute /usr/local/cuda/bin -maxdepth 2 -name ncu -type f 2>/dev/null \
+    | head -1 | grep .
+}
+
 gpu_summarize_check() {  # exit status 1 when FILE cannot be read
   "$PY" - "$1" <<'PY'
 import json, sys

@@ -95,8 +95,7 @@ while [ $# -gt 0 ]; do
       shift ;;
     ncu)
       # hardware counters of GEMM1/GEMM2 at M=1 (NCU_RUNS: "preset:scheme ..."), one text report per run
-      NCU=$(command -v ncu || find /opt/nvidia/nsight-compute -maxdepth 2 -name ncu -type f 2>/dev/null | head -1)
-      [ -n "$NCU" ] || { fail "ncu: Nsight Compute not found"; shift; continue; }
+      NCU=$(gpu_find_ncu) || { fail "ncu: Nsight Compute not found"; shift; continue; }
       for run in ${NCU_RUNS:-gpt-oss-120b:mxfp4 gpt-oss-120b:bf16 deepseek-v3-tp8:fp8_block}; do
         IFS=: read -r preset scheme tokens <<< "$run"
         tokens=${tokens:-${NCU_TOKENS:-1}}
