@@ -78,7 +78,9 @@ Steps (default limit in seconds):
                        side_by_side.json, log.txt and the markdown tables (report.md). ARGS go to the harness
                        (e.g. --parts bf16 --ms 512,4096 --profile-ms 4096)
   peer-ncu ROWS        (420)  Nsight Compute counters of our forward's kernels and the peer's GEMM launches for
-                       the rows PRESET:SCHEME:M,... (tools/peer_ncu.py under ncu, one process; carry .peer)
+                       the rows PRESET:SCHEME:M,... (tools/peer_ncu.py under ncu, one process; carry .peer;
+                       PEER_NCU_KERNELS: the kernel-name regex, default the GEMMs of both sides; rows are
+                       started until 3/4 of the limit)
                        -> peer-ncu.ncu-rep, peer-ncu.csv (raw page), peer-ncu.json and the table (report.md)
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched block (Qwen3-30B-A3B, or
                        --family gpt-oss-120b; --tokens M,...) and of its parts (router, runner, checks, apply)
@@ -321,9 +323,10 @@ step_peer_ncu() {  # ROWS: PRESET:SCHEME:M,...
   local rows=${1:-} ncu
   [ -n "$rows" ] || { echo "peer-ncu needs ROWS (PRESET:SCHEME:M,...)"; return 1; }
   ncu=$(gpu_find_ncu) || { echo "peer-ncu: Nsight Compute (ncu) not found"; return 1; }
-  "$ncu" --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
-    --section Occupancy --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-    --section ComputeWorkloadAnalysis -f -o "$OUT/peer-ncu" "$PY" tools/peer_ncu.py --rows "$rows" || return 1
+  "$ncu" --profile-from-start off --clock-control none -k "regex:${PEER_NCU_KERNELS:-_gemm|_ncu_mark|fused_moe_kernel|matmul}" \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -f -o "$OUT/peer-ncu" \
+    "$PY" tools/peer_ncu.py --rows "$rows" --budget-s $((${MOE_STEP_LIMIT:-420} * 3 / 4)) || return 1
   "$ncu" --import "$OUT/peer-ncu.ncu-rep" --csv --page raw > "$OUT/peer-ncu.csv" || return 1
   "$PY" tools/peer_ncu.py --table "$OUT/peer-ncu.csv" --rows "$rows" --json "$OUT/peer-ncu.json" > "$OUT/report.md" \
     && cat "$OUT/report.md"
@@ -394,7 +397,7 @@ while [ $# -gt 0 ]; do
     [[ $word == *@* ]] && limit=${word##*@}
     [ "$limit" -ge 1 ] || { echo "tools/gpu.sh: $word: the limit must be at least 1 second" >&2; exit 2; }
     NAMES+=("$name"); LIMITS+=("$limit"); FIRST_ARG+=("${#STEP_ARGS[@]}"); ARG_COUNT+=(0)
-  elif [ ${#NAMES[@]} -eq 0 ] || [[ $word == *:* && $word != -* ]]; then
+  elif [ ${#NAMES[@]} -eq 0 ] || { looks_like_step "$word" && [[ $word == *:* ]]; }; then
     echo "tools/gpu.sh: unknown step '$word' (bash tools/gpu.sh --help lists them)" >&2
     exit 2
   else
