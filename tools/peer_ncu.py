@@ -32,20 +32,22 @@ import time
 #: the columns of the table: (header, metric of ncu's raw page, how to show it)
 COLUMNS = [
     ("µs", "gpu__time_duration.sum", "time"),
-    ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "pct"),
+    ("DRAM %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "pct"),
+    ("DRAM TB/s", "dram__bytes.sum.per_second", "rate"),
     ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "pct"),
-    ("tensor %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "pct"),
+    ("tensor %", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "pct"),
     ("regs", "launch__registers_per_thread", "int"),
     ("grid", "launch__grid_size", "int"),
     ("threads", "launch__block_size", "int"),
     ("occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", "pct"),
     ("issue %", "smsp__issue_active.avg.pct_of_peak_sustained_active", "pct"),
-    ("DRAM read MB", "dram__bytes_read.sum", "bytes"),
 ]
+#: warp stall reasons (cycles per issued instruction); the table names the largest
+STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 MARK = "_ncu_mark"
 OURS, PEER = 1, 2
-TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
-BYTE_UNITS = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "KB": 1e-3, "MB": 1.0, "GB": 1e3}
+TIME_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6}
+RATE_UNITS = {"byte/s": 1e-12, "Kbyte/s": 1e-9, "Mbyte/s": 1e-6, "Gbyte/s": 1e-3, "Tbyte/s": 1.0}
 
 
 def parse_rows(text: str) -> list[tuple[str, str, int]]:
@@ -166,11 +168,17 @@ def read_report(path: str, rows) -> list[dict]:
                 continue
             value = _number(rec[col[metric]])
             unit = units[col[metric]]
-            if value is not None and kind == "time":
-                value *= TIME_UNITS.get(unit, 1.0)
-            elif value is not None and kind == "bytes":
-                value *= BYTE_UNITS.get(unit, 1.0)
+            if value is not None and kind in ("time", "rate"):
+                scale = (TIME_UNITS if kind == "time" else RATE_UNITS).get(unit)
+                if scale is None:
+                    raise SystemExit(f"{path}: unit {unit!r} of {metric} is not one this table knows")
+                value *= scale
             entry[head] = value
+        stalls = {name[len(STALL[0]) : -len(STALL[1])]: _number(rec[i]) or 0.0 for name, i in col.items()
+                  if name.startswith(STALL[0]) and name.endswith(STALL[1]) and "selected" not in name}  # fmt: skip
+        if stalls:
+            top = max(stalls, key=stalls.get)
+            entry["top stall"] = f"{top} {stalls[top]:.1f}"
         kernels.append(entry)
     return kernels
 
@@ -178,13 +186,15 @@ def read_report(path: str, rows) -> list[dict]:
 def _cell(value, kind: str) -> str:
     if value is None:
         return "–"
-    if kind in ("int",):
+    if isinstance(value, str):
+        return value
+    if kind == "int":
         return str(int(value))
-    return f"{value:.1f}"
+    return f"{value:.2f}" if kind == "rate" else f"{value:.1f}"
 
 
 def markdown(kernels: list[dict]) -> str:
-    present = [c for c in COLUMNS if any(c[0] in k for k in kernels)]
+    present = [c for c in [*COLUMNS, ("top stall", "", "text")] if any(c[0] in k for k in kernels)]
     lines = ["| row | side | kernel | " + " | ".join(c[0] for c in present) + " |",
              "|---|---|---|" + "---|" * len(present)]  # fmt: skip
     totals: dict[tuple[str, str], float] = {}
