@@ -167,6 +167,10 @@ def test_tune_candidates_swap_operands_below_a_wgmma_or_for_mxfp4():
     # decode tiles only while experts see a few rows; from 4 on average 32-row blocks compete (routing skew)
     assert [bm for bm, _ in candidates("bf16", 2)] == [16]
     assert [bm for bm, _ in candidates("bf16", 16)] == [16, 32]
+    # from half a 128-row block per expert the large tiles compete with the medium ones
+    assert [bm for bm, _ in candidates("bf16", 40)] == [32, 64]
+    assert [bm for bm, _ in candidates("bf16", 64)] == [32, 64, 128]
+    assert [bm for bm, _ in candidates("bf16", 200)] == [64, 128]
 
 
 def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks_above(monkeypatch):

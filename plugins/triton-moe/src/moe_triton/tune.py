@@ -98,7 +98,9 @@ def candidates(scheme: str, rows_per_expert: float, tma: bool = False) -> list[t
         # reads their weights once where 16-row blocks read them twice
         plan = [(16, _DECODE), *([(32, _MEDIUM)] if rows_per_expert > 4 else [])]
     elif rows_per_expert <= 96:
-        plan = [(32, _MEDIUM), (64, _MEDIUM)]
+        # from half a 128-row block per expert on average, the busiest experts fill whole 128-row blocks and
+        # the large tiles' fewer weight reads can outweigh the padding: they compete too
+        plan = [(32, _MEDIUM), (64, _MEDIUM), *([(128, _LARGE)] if rows_per_expert >= 64 else [])]
     else:
         plan = [(64, _LARGE), (128, _LARGE)]
     out = []
