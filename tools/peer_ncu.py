@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import sys
@@ -61,23 +62,24 @@ def parse_rows(text: str) -> list[tuple[str, str, int]]:
 
 
 # ------------------------------------------------------------------------------------------ profiling side
-def _mark(code: int, dev) -> None:
-    """One launch of the marker kernel with ``code`` programs: the report's grid size names what follows."""
+@functools.cache
+def _mark_kernel():
+    """The marker kernel, built on first use (``--table`` needs no Triton)."""
     import triton
     import triton.language as tl
 
-    global _mark_kernel
-    if "_mark_kernel" not in globals():
+    @triton.jit
+    def _ncu_mark(ptr):
+        tl.store(ptr + tl.program_id(0), 1)
 
-        @triton.jit
-        def _ncu_mark(ptr):
-            tl.store(ptr + tl.program_id(0), 1)
+    return _ncu_mark
 
-        _mark_kernel = _ncu_mark
+
+def _mark(code: int, dev) -> None:
+    """One launch of the marker kernel with ``code`` programs: the report's grid size names what follows."""
     import torch
 
-    buf = torch.empty(code, dtype=torch.int32, device=dev)
-    _mark_kernel[(code,)](buf)
+    _mark_kernel()[(code,)](torch.empty(code, dtype=torch.int32, device=dev))
 
 
 def profile(rows, harness: str, smoke: bool = False, budget_s: float = 0.0) -> int:
