@@ -25,8 +25,9 @@ and the whole model's eager forward on ``[1, M]`` (prefill) or ``[M, 1]`` (a dec
 sequences, no KV cache). For every implementation — bf16 transformers ones included, so their spread is the
 yardstick — the relative L2 error of the block's output and of the logits against the same model run in
 float32. An implementation that runs out of memory at some M records ``error`` for that row.
-With ``--profile``, each whole-model row also gets ``<phase>_kernels``: GPU kernel time per forward and its
-largest kernels, so a wall-time gap can be told apart as host time or as different kernels.
+With ``--profile``, the block (``block_kernels``) and each whole-model row (``<phase>_kernels``) also get GPU
+kernel time per call and its largest kernels, so a wall-time gap can be told apart as host time or as
+different kernels.
 
     python tools/transformers_bench.py --family qwen3-30b-a3b --tokens 1,64,2048 --json out.json
 """
@@ -188,6 +189,8 @@ def _measure(
             except Exception as exc:  # an implementation that cannot be captured: say why
                 row["block_graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 torch.cuda.synchronize()
+        if profile and device.type == "cuda":
+            row["block_kernels"] = _kernels(call)
         if compile_block:
             _compiled(row, block, x, repeat, device)
         for phase, ids in (("prefill", ids_prefill), ("decode", ids_decode)):
@@ -212,7 +215,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda (what is measured) or cpu (a smoke run of the tool)")
     p.add_argument(
-        "--profile", action="store_true", help="also GPU kernel time and largest kernels per whole-model row"
+        "--profile", action="store_true", help="also GPU kernel time and largest kernels per block and whole-model row"
     )
     p.add_argument(
         "--compile", action="store_true", help="also time each block under torch.compile (block_compiled_us)"
