@@ -216,6 +216,56 @@ def test_persistent_tiles_match_one_program_per_tile(scheme, m, persistent, tma,
     assert launch._grid(100, kc.gemm2, aligned, 1, x.device)[1] is bool(persistent[1])
 
 
+@pytest.mark.parametrize(
+    "scheme,m,tail,tma,swap,block_k,block_n,block_m,act,bias,on_input,top_k,h,i",
+    [
+        ("dense", 70, 16, (False, False), (False, False), 32, 64, 32, "silu", True, False, 2, 160, 96),
+        ("dense", 90, 16, (True, True), (False, False), 64, 64, 32, "swiglu_oai", True, False, 2, 128, 192),
+        ("dense", 300, 32, (False, True), (False, False), 32, 32, 64, "gelu", False, True, 1, 128, 64),  # k=1
+        ("dense", 90, 16, (False, False), (True, True), 32, 64, 32, "silu", False, False, 2, 96, 64),
+        ("mxfp4", 70, 16, (False, False), (False, False), 64, 64, 32, "swiglu_oai", True, False, 2, 192, 128),
+        ("mxfp4", 300, 32, (False, False), (True, False), 64, 64, 64, "silu", False, False, 1, 128, 64),
+    ],
+)
+def test_tail_tiles_match_full_tiles(scheme, m, tail, tma, swap, block_k, block_n, block_m, act, bias, on_input,
+                                     top_k, h, i):  # fmt: skip
+    """``GemmConfig.tail_m``: the blocks whose pairs fit in their first ``tail_m`` rows run a ``tail_m``-row
+    tile (swapped below 64 rows where BLOCK_N is at least 64) and give the forward the full tiles give; the
+    routing holds blocks of both kinds (at, just above and below ``tail_m`` rows) and null-segment pairs."""
+    scheme = DENSE_SCHEMES[0] if scheme == "dense" else scheme
+    dtype = (FLOAT if scheme != "fp8_block" else torch.bfloat16) if scheme != "mxfp4" else HALF
+    cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias,
+                    apply_router_weight_on_input=on_input)  # fmt: skip
+    weights = random_weights(cfg, DEVICE)
+    x, ids, tw = random_inputs(cfg, m, DEVICE)
+    ids = ids.clone()
+    ids[1] = -1  # every slot of token 1 in the null segment
+    ids[3, 0] = 8
+    counts = torch.bincount(ids[(ids >= 0) & (ids < 8)].long(), minlength=8).tolist()
+    last = {c % block_m or block_m for c in counts if c}  # rows in each segment's last block
+    assert min(last) <= tail < max(last), counts  # both tile kinds run
+
+    def tiles(t):
+        g1, g2 = (kernel_configs.GemmConfig(block_n, block_k, 2, 4, 2, swap_ab=s, tma=tm, persistent=1, tail_m=t)
+                  for s, tm in zip(swap, tma, strict=True))  # fmt: skip
+        return kernel_configs.KernelConfig(block_m, g1, g2, 1, 1)
+
+    out = _forward(cfg, weights, x, ids, tw, tiles(tail))
+    err = relative_l2(out, reference_for(cfg, weights, x, ids, tw))
+    assert err <= tolerance(scheme, dtype), err
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    full = _forward(cfg, weights, x, ids, tw, tiles(0))
+    assert relative_l2(out, full) <= (tolerance(scheme, dtype) / 8 if CUDA else 1e-6)
+
+
+@pytest.mark.parametrize("tail,block_m", [(8, 64), (24, 64), (64, 64), (128, 64)])
+def test_tail_m_must_be_a_power_of_two_below_block_m(tail, block_m):
+    g = kernel_configs.GemmConfig(tail_m=tail)
+    with pytest.raises(ValueError, match="tail_m"):
+        kernel_configs.KernelConfig(block_m, g, kernel_configs.GemmConfig())
+    kernel_configs.KernelConfig(256, kernel_configs.GemmConfig(tail_m=64), kernel_configs.GemmConfig(tail_m=16))
+
+
 @pytest.mark.skipif(not CUDA, reason="the shipped large-M walk tiles compile for CUDA only")
 @pytest.mark.parametrize(
     "block_m,block_n1,block_n2,stages", [(128, 128, 128, 4), (128, 128, 256, 4), (64, 256, 256, 3)]

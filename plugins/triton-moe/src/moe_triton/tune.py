@@ -81,6 +81,10 @@ SPLIT_TOP = 4
 PERSISTENT = (1, 2)
 #: how many of each GEMM's fastest plain tiles are re-timed as persistent walks
 PERSISTENT_TOP = 3
+#: few-row tiles (``GemmConfig.tail_m``) tried on the fastest persistent walks, those below BLOCK_M
+TAILS = (32, 64)
+#: how many of each GEMM's fastest walks are re-timed with each tail
+TAIL_TOP = 2
 
 
 def swap_worth_trying(scheme: str, block_m: int) -> bool:
@@ -245,11 +249,13 @@ def _time(make, split: int, gemms, agree: _Agreement | None = None, limit: float
     return times
 
 
-def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time) -> dict[int, dict]:
+def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, tails=()) -> dict[int, dict]:
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
     ``SPLIT_TOP`` fastest unsplit tiles, and with ``walks`` (aligned routing) the ``PERSISTENT_TOP`` fastest
-    unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split). ``warm(pairs)``
-    compiles (candidate, split) pairs ahead of timing; ``timer(make, split, tiles)`` times them (``_time``)."""
+    unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split), then the
+    ``TAIL_TOP`` fastest walks with each few-row tile in ``tails`` (``GemmConfig.tail_m``; the caller's
+    ``TAILS`` below its BLOCK_M). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing;
+    ``timer(make, split, tiles)`` times them (``_time``)."""
     warm([(g, 1) for g in gemms])
     trials = {1: timer(make, 1, gemms)}
     if decode:
@@ -262,6 +268,10 @@ def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time) -
                       for p in PERSISTENT]  # fmt: skip
         warm([(g, 1) for g in persistent])
         trials[1].update(timer(make, 1, persistent))
+        fastest = sorted(persistent, key=trials[1].get)[:TAIL_TOP]
+        tailed = [replace(g, tail_m=t) for g in fastest for t in tails]
+        warm([(g, 1) for g in tailed])
+        trials[1].update(timer(make, 1, tailed))
     return trials
 
 
@@ -302,7 +312,8 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
-                trials[kind] = _trials(make, gemms, decode, warm, walks, timer)
+                tails = tuple(t for t in TAILS if t < block_m)
+                trials[kind] = _trials(make, gemms, decode, warm, walks, timer, tails)
                 if kind == "gemm1":
                     agree.restore()  # GEMM2's candidates read the first GEMM1 tile's output
             trials1, trials2 = trials["gemm1"], trials["gemm2"]

@@ -55,7 +55,13 @@ class GemmConfig:
 
     ``persistent`` (aligned routing, unsplit; else ignored): that many programs per SM, each walking the
     tiles in use in turn, instead of one program per tile — at large M a program's setup and epilogue
-    overlap the next tile's loads and no program waits to be scheduled; 0 = one program per tile."""
+    overlap the next tile's loads and no program waits to be scheduled; 0 = one program per tile.
+
+    ``tail_m`` (persistent walks only; 0 = off): a row block whose pairs fit in its first ``tail_m`` rows
+    runs a ``tail_m``-row tile instead of a BLOCK_M one (swapped operands below 64 rows where BLOCK_N
+    allows ``wgmma`` there). Each expert's rows end in such a block — at 1-2 blocks per expert most of
+    the last one is padding — so large BLOCK_M keeps its few weight reads without computing the padding;
+    a power of two in ``[16, BLOCK_M)``."""
 
     block_n: int = 64
     block_k: int = 64
@@ -65,6 +71,7 @@ class GemmConfig:
     swap_ab: bool = False
     tma: bool = False
     persistent: int = 0
+    tail_m: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,12 @@ class KernelConfig:
     gemm2: GemmConfig = field(default_factory=GemmConfig)
     split_k: int = 0
     split_k2: int = 1
+
+    def __post_init__(self) -> None:
+        for name, g in (("gemm1", self.gemm1), ("gemm2", self.gemm2)):
+            t = g.tail_m
+            if t and (t & (t - 1) or not 16 <= t < self.block_m):
+                raise ValueError(f"{name}.tail_m={t} must be 0 or a power of two in [16, block_m={self.block_m})")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -113,6 +113,22 @@ def _block_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr, DIRECT: tl
 
 
 @triton.jit
+def _few_rows(row_ok, TAIL_M: tl.constexpr):
+    """Whether a block's pairs fit in its first ``TAIL_M`` rows (``GemmConfig.tail_m``): the alignment fills
+    each segment's rows from its start, so a block's pairs come first and only a segment's last block is
+    partly padding."""
+    return tl.sum(row_ok.to(tl.int32), axis=0) <= TAIL_M
+
+
+@triton.jit
+def _head_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr, HEAD_M: tl.constexpr):
+    """``_block_pairs`` of the first ``HEAD_M`` rows of aligned block ``pid_m`` (a few-row block's tile)."""
+    rows = pid_m * BLOCK_M + tl.arange(0, HEAD_M)
+    pair = tl.load(sorted_ptr + rows)
+    return rows, pair, pair < num_pairs
+
+
+@triton.jit
 def _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
     """The block's expert (``num_experts``: the null segment), or -1 for an aligned block past the rows in
     use. ``DIRECT``: ``block_expert_ptr`` holds the flat ids and block ``pid_m`` is pair ``pid_m``; an id
@@ -340,6 +356,29 @@ def _gemm1_epilogue(
 
 
 @triton.jit
+def _gemm1_tile(
+    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr, expert, live, rows, pair,
+    row_ok, n0, n, n_ok, pid_n, N_HALF, K, alpha, limit, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn,
+    stride_wk, stride_se, stride_sn, stride_sk, stride_be, stride_bn, stride_om, stride_on, stride_osm,
+    TOP_K: tl.constexpr, SCHEME: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, OUT_FP8: tl.constexpr,
+    ROUND: tl.constexpr, TMA: tl.constexpr, UP_ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """One tile of a persistent GEMM1 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
+    null segment: no K step, nothing stored)."""
+    row_ok = tl.where(live, row_ok, False)
+    token = (pair // TOP_K).to(tl.int64)
+    acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, 0,
+                              tl.where(live, K, 0), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn,
+                              stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M,
+                              BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
+    _gemm1_epilogue(acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit, mult_ptr, bias_ptr,
+                    topk_w_ptr, out_ptr, os_ptr, stride_be, stride_bn, stride_om, stride_on, stride_osm, SCHEME,
+                    ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, OUT_FP8, ROUND, TMA, BLOCK_M, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
 def _gemm1(
     x_ptr, xs_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     os_ptr, part_ptr, count_ptr, zero_ptr, num_zero, num_pairs, num_m, N_HALF, K, num_experts, alpha, limit,
@@ -351,7 +390,7 @@ def _gemm1(
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, OUT_FP8: tl.constexpr = False,
     ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
     TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = False, TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
 
@@ -385,26 +424,44 @@ def _gemm1(
 
     ``PERSISTENT`` (aligned routing, unsplit; ``GemmConfig.persistent``): the launch has fewer programs
     than tiles and each walks the tiles in use ``pid, pid + programs, ...`` (``_persistent_tiles``).
+
+    ``TAIL_M`` (with ``PERSISTENT``; 0 = off): a block whose pairs fit in its first ``TAIL_M`` rows — a
+    segment's last, mostly padding — runs a ``TAIL_M``-row tile (operands swapped with ``TAIL_SWAP``) on
+    the same weight tiles, so its MMAs and row loads shrink with it (``GemmConfig.tail_m``).
     """
     _pdl_start(PDL)
     if PERSISTENT:
         w_desc = _weight_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K, TMA)
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N_HALF, BLOCK_M, BLOCK_N)
         for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
-            _, pid_n, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
+            pid_m, pid_n, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
                 t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N_HALF, BLOCK_M, BLOCK_N, GROUP_M
             )
-            row_ok = tl.where(live, row_ok, False)  # null segment: nothing read, nothing stored
-            token = (pair // TOP_K).to(tl.int64)
-            acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, 0,
-                                      tl.where(live, K, 0), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we,
-                                      stride_wn, stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION,
-                                      DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED,
-                                      PREFETCH)  # fmt: skip
-            _gemm1_epilogue(acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit,
-                            mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr, stride_be, stride_bn, stride_om,
-                            stride_on, stride_osm, SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, OUT_FP8, ROUND,
-                            TMA, BLOCK_M, BLOCK_N)  # fmt: skip
+            if TAIL_M > 0:
+                if _few_rows(row_ok, TAIL_M):
+                    rows_t, pair_t, row_ok_t = _head_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, TAIL_M)
+                    _gemm1_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr,
+                                expert, live, rows_t, pair_t, row_ok_t, n0, n, n_ok, pid_n, N_HALF, K, alpha, limit,
+                                stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se,
+                                stride_sn, stride_sk, stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K,
+                                SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, TAIL_M,
+                                BLOCK_N, BLOCK_K, TAIL_SWAP, A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED,
+                                PREFETCH)  # fmt: skip
+                else:
+                    _gemm1_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr,
+                                expert, live, rows, pair, row_ok, n0, n, n_ok, pid_n, N_HALF, K, alpha, limit,
+                                stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se,
+                                stride_sn, stride_sk, stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K,
+                                SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, BLOCK_M,
+                                BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED,
+                                PREFETCH)  # fmt: skip
+            else:
+                _gemm1_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr,
+                            expert, live, rows, pair, row_ok, n0, n, n_ok, pid_n, N_HALF, K, alpha, limit, stride_xm,
+                            stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                            stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K, SCHEME, ACTIVATION,
+                            HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                            A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
     else:
         if DIRECT:
             if tl.program_id(0) == 0:
@@ -563,6 +620,26 @@ def _gemm2_epilogue(
 
 
 @triton.jit
+def _gemm2_tile(
+    a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, expert, live, pid_m, rows,
+    pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se,
+    stride_sn, stride_sk, stride_be, stride_bn, stride_om, stride_on, TOP_K: tl.constexpr, SCHEME: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
+    DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """One tile of a persistent GEMM2 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
+    null segment: no K step, zeros stored only by token)."""
+    acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
+                     tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk,
+                     stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K,
+                     SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
+    _gemm2_epilogue(acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, stride_be,
+                    stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
+                    OUT_BY_TOKEN)  # fmt: skip
+
+
+@triton.jit
 def _gemm2(
     a_ptr, as_ptr, w_ptr, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, out_ptr,
     part_ptr, count_ptr, sum_ptr, slot_count_ptr, num_pairs, num_m, N, K, num_experts,
@@ -574,9 +651,10 @@ def _gemm2(
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
     SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
     TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+    TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT`` and
-    ``PERSISTENT`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a``
+    ``PERSISTENT``, ``TAIL_M`` and ``TAIL_SWAP`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a``
     holds the e4m3 codes and ``as`` the scales that GEMM1's ``OUT_FP8`` epilogue wrote.
 
     ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
@@ -598,13 +676,29 @@ def _gemm2(
             pid_m, _, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
                 t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N, BLOCK_M, BLOCK_N, GROUP_M
             )
-            acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
-                             tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn,
-                             stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M,
-                             BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
-            _gemm2_epilogue(acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
-                            stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
-                            OUT_BY_TOKEN)  # fmt: skip
+            if TAIL_M > 0:
+                if _few_rows(row_ok, TAIL_M):  # its rows through plain loads (a_desc's tiles have BLOCK_M rows)
+                    rows_t, pair_t, row_ok_t = _head_pairs(sorted_ptr, pid_m, num_pairs, BLOCK_M, TAIL_M)
+                    _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
+                                expert, live, pid_m, rows_t, pair_t, row_ok_t, n0, n, n_ok, N, K, stride_am, stride_ak,
+                                stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                                stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
+                                OUT_BY_TOKEN, PRECISION, DECODE_ASM, TAIL_M, BLOCK_N, BLOCK_K, TAIL_SWAP, A_FP8, TMA,
+                                False, PREFETCH)  # fmt: skip
+                else:
+                    _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
+                                expert, live, pid_m, rows, pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak,
+                                stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                                stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
+                                OUT_BY_TOKEN, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA,
+                                TMA_A, PREFETCH)  # fmt: skip
+            else:
+                _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
+                            expert, live, pid_m, rows, pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak,
+                            stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_be,
+                            stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT, OUT_BY_TOKEN,
+                            PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A,
+                            PREFETCH)  # fmt: skip
     else:
         split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
         expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
