@@ -1,7 +1,10 @@
 """Routing in torch: router logits -> (topk_ids int32 [M, k], topk_weights float32 [M, k]).
 
 Kept apart from the fused op so any backend can be fed by any router. All
-arithmetic is float32 whatever the logits' dtype.
+arithmetic is float32 whatever the logits' dtype. The k experts of a token come
+in no particular order where the choice is a top-k (``sorted=False``): a sorted
+top-k sorts its k results in a kernel of its own, and the forward sums a token's
+slots, so their order changes nothing but the rounding of that sum.
 
 - ``softmax_topk``: softmax over all experts, top-k, optional renormalisation
   (Qwen2-MoE / Qwen3-MoE / OLMoE ``norm_topk_prob``; Mixtral renormalises).
@@ -53,14 +56,14 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = True):
     if renormalize:
         return topk_softmax(logits, top_k)
     probs = torch.softmax(_check(logits, top_k), dim=-1, dtype=torch.float32)
-    weights, ids = probs.topk(top_k, dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1, sorted=False)
     return _out(ids, weights)
 
 
 def topk_softmax(logits: torch.Tensor, top_k: int):
     """Top-k of the logits, then softmax over the k selected, in float32 (Mixtral). The top-k runs on the
     logits as given: casting to float32 is exact, so it keeps their order and the k chosen."""
-    values, ids = _check(logits, top_k).topk(top_k, dim=-1)
+    values, ids = _check(logits, top_k).topk(top_k, dim=-1, sorted=False)
     return _out(ids, torch.softmax(values, dim=-1, dtype=torch.float32))
 
 

@@ -294,6 +294,31 @@ def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(b
         assert torch.equal(walk[1], torch.zeros_like(walk[1]))
 
 
+@pytest.mark.skipif(not CUDA, reason="the shipped large-M walk tiles compile for CUDA only")
+@pytest.mark.parametrize("block_n1,block_n2,stages,tail1,tail2", [(128, 256, 4, 0, 32), (128, 256, 4, 64, 0),
+                                                                  (256, 256, 3, 32, 64)])  # fmt: skip
+def test_tail_tiles_of_the_shipped_walks_match_full_tiles_on_cuda(block_n1, block_n2, stages, tail1, tail2):
+    """The H200 table's 128-row walks with few-row tiles (``GemmConfig.tail_m``) at about one block per
+    expert, so some segments end in a block of a few rows and others in a nearly full one: the forward of
+    the same walks without tails, and the reference."""
+    cfg = MoeConfig(32, 2, 512, 256, quant_scheme="bf16", activation="silu", dtype=torch.bfloat16, has_bias=True)
+    weights = random_weights(cfg, DEVICE)
+    x, ids, tw = random_inputs(cfg, 2200, DEVICE)
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=32).tolist()
+    last = [c % 128 or 128 for c in counts]
+    assert min(last) <= 32 and max(last) > 64, counts  # both tile kinds run
+
+    def tiles(tail_1, tail_2):
+        g1, g2 = (kernel_configs.GemmConfig(bn, 64, 8, 8, stages, tma=True, persistent=1, tail_m=t)
+                  for bn, t in ((block_n1, tail_1), (block_n2, tail_2)))  # fmt: skip
+        return kernel_configs.KernelConfig(128, g1, g2, 1, 1)
+
+    full = _forward(cfg, weights, x, ids, tw, tiles(0, 0))
+    out = _forward(cfg, weights, x, ids, tw, tiles(tail1, tail2))
+    assert relative_l2(out, full) <= tolerance("bf16", torch.bfloat16) / 8
+    assert relative_l2(out, reference_for(cfg, weights, x, ids, tw)) <= tolerance("bf16", torch.bfloat16)
+
+
 def test_tma_applies_only_to_what_a_descriptor_can_describe():
     """mxfp4, weights not stored back to back, or rows not a multiple of 16 bytes take the plain loads."""
     w = torch.zeros(4, 64, 32, dtype=FLOAT, device=DEVICE)
