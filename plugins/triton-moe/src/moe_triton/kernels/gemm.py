@@ -653,9 +653,10 @@ def _gemm2(
     TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
     TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
 ):  # fmt: skip
-    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT`` and
-    ``PERSISTENT``, ``TAIL_M`` and ``TAIL_SWAP`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``). ``A_FP8`` (fp8_block): ``a``
-    holds the e4m3 codes and ``as`` the scales that GEMM1's ``OUT_FP8`` epilogue wrote.
+    """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT``,
+    ``PERSISTENT``, ``TAIL_M`` and ``TAIL_SWAP`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``).
+    ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes and ``as`` the scales that GEMM1's ``OUT_FP8``
+    epilogue wrote.
 
     ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
     program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
