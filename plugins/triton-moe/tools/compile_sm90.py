@@ -230,7 +230,7 @@ def main() -> None:
     gemm1(2, 2, True, 1, block_k=128, block_n=128, block_m=64, asm=True, swap=True, persistent=True)
     gemm2(2, True, block_k=128, block_n=128, block_m=64, asm=True, swap=True, persistent=True)
     # few-row blocks of a walk on their own tile (GemmConfig.tail_m), at the large tiles' stage counts
-    for block_n1, block_n2, stages in ((128, 256, 4), (256, 256, 3)):
+    for block_n1, block_n2, stages in ((128, 256, 4), (128, 128, 4)):
         for tail, swap in ((32, True), (64, False), (16, True)):
             gemm1(0, 0, False, 1, block_n=block_n1, block_k=64, block_m=128, tma=True, num_warps=8, persistent=True,
                   tail=tail, tail_swap=swap, num_stages=stages)  # fmt: skip
