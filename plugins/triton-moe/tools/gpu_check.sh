@@ -56,8 +56,8 @@ while [ $# -gt 0 ]; do
       python3 -m pytest plugins/triton-moe/tests/test_gpu.py plugins/triton-moe/tests/test_plugin.py \
         plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_direct.py \
         plugins/triton-moe/tests/test_mxfp4_layout.py plugins/triton-moe/tests/test_fast_launch.py \
-        plugins/triton-moe/tests/test_expert_ids.py plugins/triton-moe/tests/test_compile_pool.py -q -rfs -p no:cacheprovider 2>&1 | tail -25 \
-        | tee "$OUT/pytest-triton-gpu.txt" || fail "GPU tests"
+        plugins/triton-moe/tests/test_expert_ids.py plugins/triton-moe/tests/test_compile_pool.py -q -rfs -p no:cacheprovider 2>&1 \
+        | tee "$OUT/pytest-triton-gpu.txt" | tail -25 || fail "GPU tests"  # the whole output kept: a cut run keeps its progress
       shift ;;
     bench-decode)
       moe bench --backend triton --tokens 1,8,64 --output "$OUT/decode-bf16.json" 2>/dev/null | grep triton \
