@@ -273,11 +273,12 @@ def test_report_lists_backends_and_return_forms():
         None,
     )
     assert entry.returns == "tuple of 2" and entry.detected_by == "probe"
+    assert entry.routing == "torch"  # the torch reference offers no fused router
     layer = model.model.layers[0].mlp
     out = layer(torch.zeros(2, 3, 64))
     assert isinstance(out, tuple) and out[0].shape == (2, 3, 64) and out[1] is None
     text = str(report)
-    assert "model.layers.0.mlp" in text and "GptOssMLP" in text and "torch" in text
+    assert "model.layers.0.mlp" in text and "GptOssMLP" in text and "torch" in text and "routing" in text
     data = json.loads(json.dumps(report.to_dict()))
     assert data["replaced"][0]["name"] == "model.layers.0.mlp" and data["skipped"] == []
 
@@ -464,6 +465,7 @@ def triton_against_unpatched() -> dict:
         ids = input_ids(1, 4)
         out[case] = {
             "backends": [report.replaced[0].backend, report.replaced[0].shared_backend],
+            "routing": report.replaced[0].routing,
             "error": relative_l2(logits(patched, ids), logits(model, ids)),
         }
     return out
@@ -475,6 +477,7 @@ def test_triton_backend_matches_unpatched(tmp_path):
     for case in TRITON_CASES:
         shared = "triton" if case == "qwen2_moe" else None
         assert result[case]["backends"] == ["triton", shared], result
+        assert result[case]["routing"] == "triton", result  # softmax top-k in moe-triton's one kernel
         # fp32 end to end: the layers' own tolerance (1e-4 relative L2) bounds the logits' too
         assert result[case]["error"] <= tolerance("fp32", torch.float32), result
 

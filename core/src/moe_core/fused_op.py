@@ -207,6 +207,19 @@ class FusedOp:
         """Convert canonical weights to this backend's layout, once. Default: as is."""
         return weights
 
+    def router(self, routing) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """A fused kernel for ``routing`` (a ``moe_core.routing`` bundle such as ``SoftmaxTopK``) on this op's
+        device, or ``None`` (the default): the layer then routes with ``routing`` itself, in torch ops.
+
+        Why: a router in torch ops is several kernels (top-k, softmax, casts) whose launches and memory
+        round trips cost as much as a small GEMM; a backend that has the whole choice in one kernel offers
+        it here. The callable takes router logits ``[M, E]`` (the gate's dtype) and returns what
+        ``routing(logits)`` returns — int32 ids and float32 weights ``[M, k]`` on the logits' device, the
+        same k experts per token in any order, the same weights up to float32 rounding — enqueuing only
+        device work (it runs inside the layer's CUDA graphs). Asked once per layer, through the plugin door;
+        the layer checks each result's metadata (``moe_core.validation.check_routing``)."""
+        return None
+
     def apply(
         self,
         hidden_states: torch.Tensor,

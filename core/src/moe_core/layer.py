@@ -5,7 +5,12 @@
 
 - **Routing**: ``router(x [M, H]) -> (topk_ids int32 [M, k], topk_weights float32 [M, k])``, e.g. an
   ``HFRouter`` or any function built from ``moe_core.routing``. A router that is an ``nn.Module`` is a
-  submodule (``.to()``, ``state_dict`` see it); any other callable is a plain attribute.
+  submodule (``.to()``, ``state_dict`` see it); any other callable is a plain attribute. A router that
+  says what it computes — ``router.logits(x)`` and a routing bundle ``router.route`` (``HFRouter`` with
+  ``moe_core.routing.SoftmaxTopK``) — is run through the routed backend's fused kernel of that bundle where
+  the backend offers one (``FusedOp.router``; ``layer.fused_router``, checked at the door by
+  ``moe_core.fused_router``): the gate GEMM, then one kernel instead of top-k, softmax and casts.
+  ``fused_routing=False`` keeps the router's own torch ops.
 - **Routed experts**: one ``MoeRunner(config, weights, backend)``; ``apply_router_weight_on_input`` (Llama 4)
   is the runner's and backend's business, the layer only passes the routing weights on.
 - **Shared experts** (``SharedExperts``): a dense gated MLP is a MoE of one expert with top-1 routing, so a
@@ -67,6 +72,7 @@ from moe_core import compile_ops
 from moe_core.config import ACTIVATIONS, MoeConfig
 from moe_core.dtypes import dtype_label, short_name
 from moe_core.errors import BackendUnavailableError, InvalidInputError
+from moe_core.fused_router import bind as bind_fused_router
 from moe_core.graphs import ForwardGraphs
 from moe_core.runner import MoeRunner
 from moe_core.weights import MoeWeights, SharedExperts
@@ -86,8 +92,9 @@ class MoeLayer(torch.nn.Module):
     included. Attributes: ``config``, ``router``, ``runner`` / ``backend`` (the routed experts' runner and
     its backend name), ``shared_runner`` / ``shared_backend`` / ``shared_gate`` (``None`` without shared
     experts), ``shared_fallback`` (why the shared MLP left the routed experts' explicit backend, else
-    ``None``), ``device``, ``dispatched`` (the ``DispatchedRunner`` of a layer over ranks, else ``None``; its
-    ``runner`` is ``runner``). See the module docstring for the shared backend rule, memory and ``state_dict``.
+    ``None``), ``fused_router`` (the routed backend's routing kernel, else ``None``), ``device``,
+    ``dispatched`` (the ``DispatchedRunner`` of a layer over ranks, else ``None``; its ``runner`` is
+    ``runner``). See the module docstring for the shared backend rule, memory and ``state_dict``.
     """
 
     def __init__(
@@ -101,6 +108,7 @@ class MoeLayer(torch.nn.Module):
         shared_backend: str | type | None = None,
         cuda_graph_max_tokens: int = CUDA_GRAPH_MAX_TOKENS,
         parallel=None,
+        fused_routing: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(config, MoeConfig):
@@ -125,6 +133,10 @@ class MoeLayer(torch.nn.Module):
             self.dispatched = parallel.runner(config, weights, backend)
             self.runner = self.dispatched.runner
         self._routed = self.runner if self.dispatched is None else self.dispatched
+        #: the routed backend's kernel for ``router.route`` (``moe_core.fused_router``), else None (torch ops)
+        self.fused_router = None
+        if fused_routing and callable(getattr(router, "logits", None)) and getattr(router, "route", None) is not None:
+            self.fused_router = bind_fused_router(self.runner, router.route)
         self.device = self.runner.device
         self.shared_runner: MoeRunner | None = None
         self.shared_fallback: str | None = None
@@ -225,7 +237,11 @@ class MoeLayer(torch.nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The flat forward ``[M, H] -> [M, H]``, eager or under capture (``self.graphs``)."""
-        topk_ids, topk_weights = self.router(x)
+        if self.fused_router is not None:
+            with torch.no_grad():
+                topk_ids, topk_weights = self.fused_router(self.router.logits(x))
+        else:
+            topk_ids, topk_weights = self.router(x)
         out = self._routed(x, topk_ids, topk_weights)
         if self.shared_runner is not None:
             m = x.shape[0]
@@ -277,6 +293,8 @@ class MoeLayer(torch.nn.Module):
             )
         if not isinstance(self.router, torch.nn.Module):
             parts.append(f"router={_describe_router(self.router)}")
+        if self.fused_router is not None:
+            parts.append(f"fused_router={self.fused_router.backend!r}")
         if self.dispatched is not None:
             grid = self.dispatched.grid
             parts.append(f"parallel=(tp={grid.tp_size}, ep={grid.ep_size}, rank={grid.rank}, "

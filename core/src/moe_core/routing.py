@@ -23,9 +23,15 @@ slots, so their order changes nothing but the rounding of that sum.
 - ``sigmoid_top1``: top-1 with weight ``sigmoid(logit)`` meant to be applied to
   the expert *input* (Llama 4; ``MoeConfig.apply_router_weight_on_input``).
 - ``sparsemixer``: PhiMoE's top-2 SparseMixer in its inference (eval) form.
+
+``SoftmaxTopK`` is ``softmax_topk`` as a named bundle of its parameters: a router whose choice is one
+(``HFRouter.route``) says *what* it computes, so a layer can ask its backend for a fused kernel of it
+(``FusedOp.router``) instead of running the torch ops; called, it is ``softmax_topk``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -58,6 +64,24 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = True):
     probs = torch.softmax(_check(logits, top_k), dim=-1, dtype=torch.float32)
     weights, ids = probs.topk(top_k, dim=-1, sorted=False)
     return _out(ids, weights)
+
+
+@dataclass(frozen=True)
+class SoftmaxTopK:
+    """``softmax_topk(logits, top_k, renormalize)`` as data: what a backend's fused router must compute.
+
+    A fused kernel returns the same k experts per token (in any order; ties between equal logits may
+    resolve to either expert, as in ``torch.topk``) with the same float32 weights up to float32 rounding."""
+
+    top_k: int
+    renormalize: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise InvalidInputError(f"top_k must be a positive int, got {self.top_k!r}")
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return softmax_topk(logits, self.top_k, self.renormalize)
 
 
 def topk_softmax(logits: torch.Tensor, top_k: int):

@@ -17,7 +17,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from moe_triton.kernels import align, gemm
+from moe_triton.kernels import align, gemm, route
 
 target = GPUTarget("cuda", 90, 32)
 DUMP: Path | None = None  # main(): --dump DIR
@@ -272,6 +272,11 @@ def main() -> None:
     for pdl in (False, True):
         build(gemm._sum_slots, lambda n: "*i32" if n == "ids_ptr" else "*bf16" if n.endswith("_ptr") else "i32",
               dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), f"sum_slots{' pdl' if pdl else ''}")  # fmt: skip
+    # the fused router: Qwen3 / gpt-oss (128 experts, top 8 / 4) and Mixtral (8, top 2) on bf16 logits
+    route_types = lambda n: {"logits_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32"}.get(n, "i32")
+    for e, k, renormalize in ((128, 8, True), (128, 8, False), (128, 4, True), (8, 2, True)):
+        rc = dict(TOP_K=k, K_POW2=k, RENORMALIZE=renormalize, BLOCK_M=min(64, 4096 // e), BLOCK_E=e)
+        build(route._softmax_topk, route_types, rc, f"softmax_topk E={e} k={k} renormalize={renormalize}")
     print("compiled", compiled, "kernels for sm90")
 
 

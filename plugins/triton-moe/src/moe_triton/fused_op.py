@@ -95,6 +95,20 @@ class TritonFusedOp(FusedOp):
         )  # fmt: skip
         return out
 
+    def router(self, routing):
+        """One kernel for ``SoftmaxTopK`` (the softmax families: Mixtral, Qwen, OLMoE, gpt-oss, ...) with at most
+        ``router.MAX_EXPERTS`` experts, unless the ``fused_router`` switch is off; ``None`` otherwise."""
+        from moe_core.routing import SoftmaxTopK
+        from moe_triton.switches import current_switches
+
+        if type(routing) is not SoftmaxTopK or not current_switches().fused_router:
+            return None
+        from moe_triton.router import MAX_EXPERTS, SoftmaxTopKRouter
+
+        if self.config.num_experts > MAX_EXPERTS:
+            return None
+        return SoftmaxTopKRouter(routing.top_k, routing.renormalize)
+
     @classmethod
     def tune(cls, presets, scheme, tokens, output=None, device="cuda"):
         """``moe tune triton``: time candidate tiles on this GPU and merge them into the user's table of this

@@ -79,6 +79,13 @@ class Switches:
         "relaunch each compiled kernel through its launcher, keyed by Triton's own specialization of the "
         "arguments, instead of JITFunction.run's per-call binding (moe_triton.fast_launch); the same kernels",
     )
+    fused_router: bool = _switch(
+        True,
+        "MOE_TRITON_FUSED_ROUTER",
+        "offer a layer routed by softmax top-k (moe_core.routing.SoftmaxTopK) one kernel for the choice "
+        "(moe_triton.router) instead of torch's top-k, softmax and casts; read when a layer is built; the same "
+        "experts and weights up to float32 rounding",
+    )
     auto_split_k: bool = _switch(
         False,
         "MOE_TRITON_AUTO_SPLIT_K",

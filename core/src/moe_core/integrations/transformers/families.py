@@ -151,7 +151,7 @@ def from_gpt_oss_mxfp4(block, dtype: torch.dtype = torch.float32) -> HFMoe:
     router = HFRouter(
         require_attr(router_mod, "weight", what="router weight"),
         getattr(router_mod, "bias", None),
-        lambda logits: routing.topk_softmax(logits, top_k),
+        routing.SoftmaxTopK(int(top_k)),
         description=f"topk_softmax(top_k={top_k})",
     )
     if router.num_experts != e or router.hidden_size != h:

@@ -93,7 +93,9 @@ class Replaced:
     """A block that was replaced: its qualified name, class, the backends the new layer runs on, its scheme, and
     where the routed experts' weights came from (``weights``): ``"copied"`` (the block's float weights),
     ``"quantized"`` (those, quantized by ``moe_core.quant.quantize_weights``) or ``"checkpoint"`` (the
-    quantized checkpoint's own tensors, e.g. gpt-oss's MXFP4 bytes and scales, read as stored)."""
+    quantized checkpoint's own tensors, e.g. gpt-oss's MXFP4 bytes and scales, read as stored); ``routing``: what
+    chooses the experts — the routed backend's name where it runs the router's choice in its own kernel
+    (``MoeLayer.fused_router``), else ``"torch"`` (the router's torch ops)."""
 
     name: str
     block_class: str
@@ -104,6 +106,7 @@ class Replaced:
     returns: str = "tensor"
     detected_by: str = "probe"
     weights: str = "copied"
+    routing: str = "torch"
 
 
 @dataclass(frozen=True)
@@ -133,10 +136,12 @@ class PatchReport:
         lines = [f"replaced {len(self.replaced)} MoE block(s), skipped {len(self.skipped)}"]
         if self.replaced:
             rows = [
-                (r.name, r.block_class, r.backend, r.shared_backend or "-", r.quant_scheme, r.weights, r.returns)
+                (r.name, r.block_class, r.backend, r.shared_backend or "-", r.quant_scheme, r.weights, r.routing,
+                 r.returns)
                 for r in self.replaced
-            ]
-            lines += _table(("module", "class", "backend", "shared backend", "scheme", "weights", "returns"), rows)
+            ]  # fmt: skip
+            header = ("module", "class", "backend", "shared backend", "scheme", "weights", "routing", "returns")
+            lines += _table(header, rows)
         if self.skipped:
             lines += _table(
                 ("skipped module", "class", "reason"), [(s.name, s.block_class, s.reason) for s in self.skipped]
@@ -397,4 +402,5 @@ def _patch_one(model, name: str, backend, shared_backend, quant_scheme: str | No
         returns=returns,
         detected_by=how,
         weights=source,
+        routing="torch" if layer.fused_router is None else layer.fused_router.backend,
     )

@@ -151,7 +151,7 @@ def _softmax_topk_block(
         family,
         router_module=gate if router_module is None else router_module,
         top_k=top_k,
-        route=lambda logits: routing.softmax_topk(logits, top_k, renormalize=renormalize),
+        route=routing.SoftmaxTopK(int(top_k), bool(renormalize)),
         description=f"softmax_topk(top_k={top_k}, renormalize={renormalize})",
         names=names,
         float32_logits=float32_logits,
@@ -182,7 +182,7 @@ def _topk_softmax_block(block, dtype, family: str, shared, transposed: bool = Fa
         family,
         router_module=router_module,
         top_k=top_k,
-        route=lambda logits: routing.topk_softmax(logits, top_k),
+        route=routing.SoftmaxTopK(int(top_k)),
         description=f"topk_softmax(top_k={top_k})",
         transposed=transposed,
         shared=shared,
@@ -253,7 +253,7 @@ def from_gpt_oss(block, dtype: torch.dtype = torch.float32) -> HFMoe:
     router = HFRouter(
         require_attr(router_mod, "weight", what="router weight"),
         getattr(router_mod, "bias", None),
-        lambda logits: routing.topk_softmax(logits, top_k),
+        routing.SoftmaxTopK(int(top_k)),
         description=f"topk_softmax(top_k={top_k})",
     )
     return build_moe(ex, activation, top_k, router, dtype, "gpt-oss", swiglu_alpha=alpha, swiglu_limit=limit)

@@ -1,0 +1,127 @@
+"""The fused router (``TritonFusedOp.router``, ``kernels.route``): the softmax top-k of ``moe_core.routing``
+in one kernel, against the torch routing; offered to layers only for what it computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import requires_cuda
+
+from moe_core import MoeConfig, MoeLayer
+from moe_core.config import MoeProblem
+from moe_core.integrations.transformers.router import HFRouter
+from moe_core.routing import SoftmaxTopK, grouped_topk, softmax_topk
+from moe_core.synthetic import random_weights
+from moe_triton import switches
+from moe_triton.fused_op import TritonFusedOp
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _kernel(top_k: int, renormalize: bool = True):
+    from moe_triton.router import SoftmaxTopKRouter
+
+    return SoftmaxTopKRouter(top_k, renormalize)
+
+
+def _same_choice(logits, ids, weights, top_k, renormalize, atol=1e-6):
+    """Ties between equal logits may resolve to either expert: compare the chosen logits (sorted), that the
+    ids are distinct, and the weights sorted by value; then the ids where torch's choice has no tie."""
+    ref_ids, ref_weights = softmax_topk(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert ids.shape == weights.shape == (logits.shape[0], top_k)
+    assert int(ids.min()) >= 0 and int(ids.max()) < logits.shape[1]
+    assert all(len(set(row)) == top_k for row in ids.tolist())
+    chosen = logits.float().gather(1, ids.long()).sort(1).values
+    torch.testing.assert_close(chosen, logits.float().gather(1, ref_ids.long()).sort(1).values, rtol=0, atol=0)
+    torch.testing.assert_close(weights.sort(1).values, ref_weights.sort(1).values, rtol=0, atol=atol)
+    # where weight and logit order agree, the pairing of ids to weights: weight(id) equals torch's weight(id)
+    order = ids.long().sort(1)
+    ref_order = ref_ids.long().sort(1)
+    untied = (order.values == ref_order.values).all(1)
+    torch.testing.assert_close(
+        weights.gather(1, order.indices)[untied], ref_weights.gather(1, ref_order.indices)[untied], rtol=0, atol=atol
+    )
+
+
+@pytest.mark.parametrize("num_experts, top_k", [(8, 2), (60, 4), (128, 8), (3, 3), (40, 1)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_matches_torch_routing(num_experts, top_k, renormalize, dtype):
+    gen = torch.Generator().manual_seed(num_experts * 10 + top_k)
+    for m in (1, 37):  # one token; a partial last block of tokens
+        logits = (torch.randn(m, num_experts, generator=gen) * 3).to(DEVICE, dtype)
+        ids, weights = _kernel(top_k, renormalize)(logits)
+        _same_choice(logits, ids, weights, top_k, renormalize)
+
+
+def test_kernel_reads_strided_logits_and_handles_no_tokens():
+    logits = torch.randn(64, 33, generator=torch.Generator().manual_seed(2)).to(DEVICE)[::2, 1:]  # [32, 32]
+    assert not logits.is_contiguous()
+    ids, weights = _kernel(4)(logits)
+    _same_choice(logits, ids, weights, 4, True)
+    ids, weights = _kernel(4)(logits[:0])
+    assert ids.shape == weights.shape == (0, 4)
+
+
+def test_ties_take_the_lowest_numbered_experts_and_nan_keeps_ids_in_range():
+    logits = torch.zeros(3, 16, device=DEVICE)
+    logits[1, 5] = float("nan")
+    ids, weights = _kernel(4)(logits)
+    assert ids[0].tolist() == [0, 1, 2, 3] and ids[2].tolist() == [0, 1, 2, 3]
+    torch.testing.assert_close(weights[0], torch.full((4,), 0.25, device=DEVICE))
+    assert int(ids[1].min()) >= 0 and int(ids[1].max()) < 16  # the NaN row's weights are NaN, its ids valid
+    _, all_weights = _kernel(4, renormalize=False)(logits[:1])
+    torch.testing.assert_close(all_weights[0], torch.full((4,), 1 / 16, device=DEVICE))
+
+
+def _op(num_experts: int) -> TritonFusedOp:
+    cfg = MoeConfig(num_experts, 2, 64, 32, quant_scheme="fp32", dtype=torch.float32)
+    return TritonFusedOp(MoeProblem(cfg, torch.device(DEVICE)))
+
+
+def test_offered_for_softmax_topk_only_and_only_when_switched_on():
+    op = _op(8)
+    assert op.router(SoftmaxTopK(2, False)).renormalize is False
+    assert op.router(lambda logits: softmax_topk(logits, 2)) is None
+    assert op.router(grouped_topk) is None
+    assert _op(2048).router(SoftmaxTopK(2)) is None  # more experts than one row of registers holds
+    with switches.override(fused_router=False):
+        assert op.router(SoftmaxTopK(2)) is None
+
+
+def test_layer_routes_through_the_kernel_and_matches_torch_routing():
+    cfg = MoeConfig(8, 2, 64, 32, quant_scheme="fp32", dtype=torch.float32)
+    weights = random_weights(cfg, DEVICE, seed=3)
+    gate = torch.randn(8, 64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    fused = MoeLayer(cfg, weights, HFRouter(gate, None, SoftmaxTopK(2)), backend="triton", cuda_graph_max_tokens=0)
+    plain = MoeLayer(cfg, weights, HFRouter(gate, None, SoftmaxTopK(2)), backend="triton", fused_routing=False,
+                     cuda_graph_max_tokens=0)  # fmt: skip
+    assert fused.fused_router is not None and fused.fused_router.backend == "triton" and plain.fused_router is None
+    x = torch.randn(19, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, num_experts, top_k", [(1, 128, 8), (64, 128, 4), (2048, 128, 8), (2048, 8, 2)])
+def test_kernel_matches_torch_routing_on_bf16_logits(m, num_experts, top_k):
+    """bf16 logits: ties between experts are common (8 bits of mantissa), hence the tie-tolerant comparison."""
+    logits = torch.randn(m, num_experts, generator=torch.Generator().manual_seed(m)).to("cuda", torch.bfloat16)
+    for renormalize in (True, False):
+        ids, weights = _kernel(top_k, renormalize)(logits)
+        _same_choice(logits, ids, weights, top_k, renormalize)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_kernel_runs_inside_a_cuda_graph():
+    logits = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    kernel = _kernel(8)
+    kernel(logits)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, weights = kernel(logits)
+    logits.copy_(torch.randn(64, 128, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    _same_choice(logits, ids, weights, 8, True)
