@@ -1,0 +1,106 @@
+"""A/B of the fused router on CUDA: ``MoeLayer`` on triton with its backend's routing kernel
+(``FusedOp.router``) against the same layer routing in torch ops (``fused_routing=False``) — same weights,
+gate and inputs, one process — for Qwen3-30B-A3B (bf16) and gpt-oss-120b (bf16, mxfp4) at M = 1, 64, 2048:
+µs per CUDA-graph replay and eager wall (medians), the router alone both ways, the outputs' relative L2 and
+the share of tokens given the same experts (bf16 logits tie often, so not always 1).
+
+    python tools/router_ab.py --json router_ab.json
+"""
+
+import argparse
+import functools
+import json
+import time
+
+import torch
+
+from moe_core import MoeLayer
+from moe_core.integrations.transformers.router import HFRouter
+from moe_core.presets import PRESETS
+from moe_core.routing import SoftmaxTopK
+from moe_core.synthetic import random_weights
+from moe_core.tolerances import relative_l2
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--json", required=True, help="where to write the rows")
+OUT = parser.parse_args().json
+if not torch.cuda.is_available():
+    parser.exit(1, "router_ab.py needs a CUDA device\n")
+dev = torch.device("cuda")
+
+
+def graph_us(fn, n=200):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(5):
+        g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return round(a.elapsed_time(b) * 1e3 / n, 2)
+
+
+def eager_us(fn, n=50):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return round(times[len(times) // 2] * 1e6, 1)
+
+
+def measure(layers: dict, route, gate: torch.Tensor, x: torch.Tensor) -> dict:
+    """One row's numbers: the two layers on ``x``, and the router alone on ``x``'s logits both ways."""
+    row = {}
+    outs = {key: layer(x).clone() for key, layer in layers.items()}
+    row["rel_l2_fused_vs_torch"] = float(f"{relative_l2(outs['fused'], outs['torch']):.2e}")
+    logits = x @ gate.T
+    ref_ids, _ = route(logits)
+    ids, _ = layers["fused"].fused_router(logits)
+    row["same_experts_tokens"] = float((ids.sort(1).values == ref_ids.sort(1).values).all(1).float().mean())
+    for key, layer in layers.items():
+        row[f"{key}_graph_us"] = graph_us(functools.partial(layer, x))
+        row[f"{key}_eager_us"] = eager_us(functools.partial(layer, x))
+    row["router_torch_graph_us"] = graph_us(functools.partial(route, logits))
+    row["router_fused_graph_us"] = graph_us(functools.partial(layers["fused"].fused_router, logits))
+    return row
+
+
+rows = []
+t0 = time.time()
+for name, scheme in (("qwen3-30b-a3b", "bf16"), ("gpt-oss-120b", "bf16"), ("gpt-oss-120b", "mxfp4")):
+    cfg = PRESETS[name].config(scheme, torch.bfloat16)
+    w = random_weights(cfg, dev)
+    gate = torch.randn(cfg.num_experts, cfg.hidden_size, device=dev, dtype=torch.bfloat16) * cfg.hidden_size**-0.5
+    route = SoftmaxTopK(cfg.top_k)
+    layers = {
+        "fused": MoeLayer(cfg, w, HFRouter(gate, None, route), backend="triton"),
+        "torch": MoeLayer(cfg, w, HFRouter(gate, None, route), backend="triton", fused_routing=False),
+    }
+    del w
+    assert layers["fused"].fused_router is not None and layers["torch"].fused_router is None
+    for m in (1, 64, 2048):
+        x = torch.randn(m, cfg.hidden_size, device=dev, dtype=torch.bfloat16)
+        row = {"preset": name, "scheme": scheme, "M": m}
+        with torch.no_grad():
+            row.update(measure(layers, route, gate, x))
+        print(json.dumps(row), f"t={time.time() - t0:.0f}s", flush=True)
+        rows.append(row)
+    del layers
+    torch.cuda.empty_cache()
+json.dump({"rows": rows, "torch": torch.__version__}, open(OUT, "w"), indent=1)
