@@ -13,6 +13,7 @@ import json
 import time
 
 import torch
+from transformers_bench import _graph_us, _median_us  # this folder: the timing both tools use
 
 from moe_core import MoeLayer
 from moe_core.integrations.transformers.router import HFRouter
@@ -29,41 +30,6 @@ if not torch.cuda.is_available():
 dev = torch.device("cuda")
 
 
-def graph_us(fn, n=200):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(5):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return round(a.elapsed_time(b) * 1e3 / n, 2)
-
-
-def eager_us(fn, n=50):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    times.sort()
-    return round(times[len(times) // 2] * 1e6, 1)
-
-
 def measure(layers: dict, route, gate: torch.Tensor, x: torch.Tensor) -> dict:
     """One row's numbers: the two layers on ``x``, and the router alone on ``x``'s logits both ways."""
     row = {}
@@ -74,10 +40,10 @@ def measure(layers: dict, route, gate: torch.Tensor, x: torch.Tensor) -> dict:
     ids, _ = layers["fused"].fused_router(logits)
     row["same_experts_tokens"] = float((ids.sort(1).values == ref_ids.sort(1).values).all(1).float().mean())
     for key, layer in layers.items():
-        row[f"{key}_graph_us"] = graph_us(functools.partial(layer, x))
-        row[f"{key}_eager_us"] = eager_us(functools.partial(layer, x))
-    row["router_torch_graph_us"] = graph_us(functools.partial(route, logits))
-    row["router_fused_graph_us"] = graph_us(functools.partial(layers["fused"].fused_router, logits))
+        row[f"{key}_graph_us"] = _graph_us(functools.partial(layer, x), 200)
+        row[f"{key}_eager_us"] = _median_us(functools.partial(layer, x), 50, dev)
+    row["router_torch_graph_us"] = _graph_us(functools.partial(route, logits), 200)
+    row["router_fused_graph_us"] = _graph_us(functools.partial(layers["fused"].fused_router, logits), 200)
     return row
 
 
