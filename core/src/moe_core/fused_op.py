@@ -217,7 +217,7 @@ class FusedOp:
         ``routing(logits)`` returns — int32 ids and float32 weights ``[M, k]`` on the logits' device, the
         same k experts per token in any order, the same weights up to float32 rounding — enqueuing only
         device work (it runs inside the layer's CUDA graphs). Asked once per layer, through the plugin door;
-        the layer checks each result's metadata (``moe_core.validation.check_routing``)."""
+        the layer checks each result's metadata (``moe_core.fused_router``)."""
         return None
 
     def apply(

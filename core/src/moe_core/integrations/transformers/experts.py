@@ -316,7 +316,7 @@ def gated_moe(
     router_module,
     top_k: int,
     route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    description: str,
+    description: str = "",
     names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
     transposed: bool = False,
     float32_logits: bool = False,
@@ -325,7 +325,8 @@ def gated_moe(
 ) -> HFMoe:
     """The common path of a silu/gelu-gated block without expert biases: its ``experts`` (``names``: the
     4.x per-expert gate/up/down linears), the activation probed, ``router_module``'s weight (and bias)
-    for the logits, ``route`` for the choice."""
+    for the logits, ``route`` for the choice (``description`` names it in the router's repr where ``route`` is
+    not a routing bundle that names itself)."""
     gate, up, down = names
     ex = experts_of(block, gate=gate, up=up, down=down, transposed=transposed)
     activation = match_activation(ex, ("silu", "gelu"), alpha=1.702, limit=7.0, family=family)

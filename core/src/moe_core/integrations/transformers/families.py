@@ -152,7 +152,6 @@ def from_gpt_oss_mxfp4(block, dtype: torch.dtype = torch.float32) -> HFMoe:
         require_attr(router_mod, "weight", what="router weight"),
         getattr(router_mod, "bias", None),
         routing.SoftmaxTopK(int(top_k)),
-        description=f"topk_softmax(top_k={top_k})",
     )
     if router.num_experts != e or router.hidden_size != h:
         raise InvalidInputError(

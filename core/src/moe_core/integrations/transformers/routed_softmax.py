@@ -152,7 +152,6 @@ def _softmax_topk_block(
         router_module=gate if router_module is None else router_module,
         top_k=top_k,
         route=routing.SoftmaxTopK(int(top_k), bool(renormalize)),
-        description=f"softmax_topk(top_k={top_k}, renormalize={renormalize})",
         names=names,
         float32_logits=float32_logits,
         shared=shared,
@@ -183,7 +182,6 @@ def _topk_softmax_block(block, dtype, family: str, shared, transposed: bool = Fa
         router_module=router_module,
         top_k=top_k,
         route=routing.SoftmaxTopK(int(top_k)),
-        description=f"topk_softmax(top_k={top_k})",
         transposed=transposed,
         shared=shared,
     )
@@ -254,6 +252,5 @@ def from_gpt_oss(block, dtype: torch.dtype = torch.float32) -> HFMoe:
         require_attr(router_mod, "weight", what="router weight"),
         getattr(router_mod, "bias", None),
         routing.SoftmaxTopK(int(top_k)),
-        description=f"topk_softmax(top_k={top_k})",
     )
     return build_moe(ex, activation, top_k, router, dtype, "gpt-oss", swiglu_alpha=alpha, swiglu_limit=limit)

@@ -20,7 +20,9 @@ class HFRouter:
     and returns ``(topk_ids int32 [M, k], topk_weights float32 [M, k])``.
     Logits come from the block's own gate parameters (referenced, not copied, so
     they follow the block), computed in the gate weight's dtype as the block
-    does, or in float32 where the block does that (DeepSeek-V3).
+    does, or in float32 where the block does that (DeepSeek-V3). ``route`` is a routing bundle
+    (``moe_core.routing.SoftmaxTopK``: a layer's backend may run it as one kernel, and its repr names the
+    router) or any function of the logits, then named by ``description``.
     """
 
     def __init__(
@@ -66,7 +68,7 @@ class HFRouter:
         return self.route(self.logits(hidden_states))
 
     def __repr__(self) -> str:
-        return f"HFRouter(E={self.num_experts}, H={self.hidden_size}, {self.description})"
+        return f"HFRouter(E={self.num_experts}, H={self.hidden_size}, {self.description or repr(self.route)})"
 
 
 class HFMoe(NamedTuple):
