@@ -12,7 +12,7 @@ tests          every plugin test (pytest plugins/triton-moe/tests) -> pytest-tri
 check          `moe check triton` on CUDA -> check-triton-cuda.json
 gpu-tests      the CUDA tests: test_gpu.py (CUDA graph, torch.compile, split-K determinism), test_plugin.py,
                test_kernel_paths.py, test_direct.py, test_mxfp4_layout.py, test_fast_launch.py, test_expert_ids.py,
-               test_compile_pool.py
+               test_compile_pool.py, test_router.py
                -> pytest-triton-gpu.txt
 bench          `moe bench --backend triton`: bf16 on the four presets, fp8_block deepseek-v3-tp8, mxfp4
                gpt-oss-120b -> bench-triton-bf16.json, bench-triton-fp8.json, bench-triton-mxfp4.json
@@ -56,7 +56,8 @@ while [ $# -gt 0 ]; do
       python3 -m pytest plugins/triton-moe/tests/test_gpu.py plugins/triton-moe/tests/test_plugin.py \
         plugins/triton-moe/tests/test_kernel_paths.py plugins/triton-moe/tests/test_direct.py \
         plugins/triton-moe/tests/test_mxfp4_layout.py plugins/triton-moe/tests/test_fast_launch.py \
-        plugins/triton-moe/tests/test_expert_ids.py plugins/triton-moe/tests/test_compile_pool.py -q -rfs -p no:cacheprovider 2>&1 \
+        plugins/triton-moe/tests/test_expert_ids.py plugins/triton-moe/tests/test_compile_pool.py \
+        plugins/triton-moe/tests/test_router.py -q -rfs -p no:cacheprovider 2>&1 \
         | tee "$OUT/pytest-triton-gpu.txt" | tail -25 || fail "GPU tests"  # the whole output kept: a cut run keeps its progress
       shift ;;
     bench-decode)
