@@ -246,7 +246,8 @@ def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_til
     from moe_triton.kernel_configs import GemmConfig
 
     cfg = MoeConfig(8, 2, 64, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32)
-    weights = tune.prepare_weights_for(cfg, "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
+    weights = tune.prepare_weights_for(cfg, device)
     tiles = [GemmConfig(bn, bk, 1, 4, 2) for bn, bk in ((32, 32), (64, 32), (32, 64))]
     real1, real2 = launch.launch_gemm1, launch.launch_gemm2
 
@@ -275,7 +276,7 @@ def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_til
     monkeypatch.setattr(tune, "SPLITS", (2,))
     monkeypatch.setattr(tune, "PERSISTENT", (1,))
     lines = []
-    best = tune.tune_shape(cfg, weights, [20], "cpu", log=lines.append)[20]
+    best = tune.tune_shape(cfg, weights, [20], device, log=lines.append)[20]
     assert best.gemm1.block_n == 64  # right and fastest
     assert best.gemm2.block_n != 64 and best.gemm2 in {*tiles, *(replace(t, persistent=1) for t in tiles)}
     assert not (best.gemm1.block_k == 64 and best.gemm1.persistent)

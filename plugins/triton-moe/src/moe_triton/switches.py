@@ -74,7 +74,7 @@ class Switches:
         "pair, GEMM2 summing the slots itself, two launches in all; the same result",
     )
     slot_sum: bool = _switch(
-        True,
+        False,
         "MOE_TRITON_SLOT_SUM",
         "k > 1 with aligned routing: GEMM2 sums each token's k slots itself (a counter per token and N tile; "
         "the token's last pair to finish sums its rows) instead of a separate launch after it; bitwise the "
