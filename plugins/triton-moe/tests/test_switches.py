@@ -58,7 +58,6 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
         "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", True),
         "pdl": ("MOE_TRITON_PDL", False),
         "direct": ("MOE_TRITON_DIRECT", True),
-        "slot_sum": ("MOE_TRITON_SLOT_SUM", False),
         "fast_launch": ("MOE_TRITON_FAST_LAUNCH", True),
         "fused_router": ("MOE_TRITON_FUSED_ROUTER", True),
         "auto_split_k": ("MOE_TRITON_AUTO_SPLIT_K", False),

@@ -6,9 +6,8 @@ the environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent 
 (``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``in-step-scales`` (fp8_block decode tiles
 load their scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``:
 GEMM1 never splits K, whatever the table says), ``aligned`` (``direct`` off: the alignment and slot-sum
-launches at decode too), ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
-rule: the measurement that rule stands on) and ``gemm2-slots`` (``slot_sum`` on: under aligned routing
-GEMM2 sums the slots itself, no launch after it). Each (preset, scheme, M) row is timed under every
+launches at decode too) and ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
+rule: the measurement that rule stands on). Each (preset, scheme, M) row is timed under every
 setting that applies to its scheme, one after another on the same weights and inputs, as ``moe bench``
 times a row (CUDA-graph replay, median; a fresh graph per setting): bf16 on the four model presets,
 fp8_block on deepseek-v3-tp8 and mxfp4 on gpt-oss-120b, at decode sizes. Prints each setting's time
@@ -37,7 +36,6 @@ SETTINGS = {
     "unsplit": ({"split_k": 1}, None),
     "aligned": ({"direct": False}, None),
     "direct-all": ({"direct": True}, None),  # and the rule forced open: see forced_direct
-    "gemm2-slots": ({"slot_sum": True}, None),
 }
 
 

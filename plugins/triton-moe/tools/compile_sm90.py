@@ -245,20 +245,6 @@ def main() -> None:
               num_warps=8, persistent=True, tail=tail, tail_swap=tail < 64)  # fmt: skip
         gemm2(1, True, block_n=128, block_m=128, a_fp8=True, tma=True, tma_a=True, num_warps=8, persistent=True,
               tail=tail, tail_swap=tail < 64)  # fmt: skip
-    # aligned routing with GEMM2 summing the slots (the slot_sum switch): plain, split K, each scheme, walks
-    gemm2(0, True, sum_slots=True)
-    gemm2(0, True, split=4, sum_slots=True)
-    gemm2(2, True, asm=True, sum_slots=True)
-    gemm2(1, True, a_fp8=True, sum_slots=True)
-    gemm2(0, True, block_n=128, block_k=64, block_m=128, tma=True, tma_a=True, num_warps=8, persistent=True,
-          sum_slots=True)  # fmt: skip
-    for block_n2 in (256, 128):
-        gemm2(0, True, block_n=block_n2, block_k=64, block_m=128, tma=True, tma_a=True, num_warps=8,
-              persistent=True, tail=32, tail_swap=True, num_stages=4, sum_slots=True)  # fmt: skip
-    gemm2(2, True, block_k=64, block_n=256, block_m=128, asm=True, swap=True, num_warps=8, persistent=True, tail=64,
-          tail_swap=True, num_stages=4, sum_slots=True)  # fmt: skip
-    gemm2(1, True, block_n=128, block_m=128, a_fp8=True, tma=True, tma_a=True, num_warps=8, persistent=True,
-          sum_slots=True)  # fmt: skip
     for dt in ("fp16", "fp32"):  # the interpreter tests' dtypes
         gemm1(2, 2, True, 1, dt=dt)
         gemm1(2, 2, True, 1, dt=dt, swap=True)

@@ -20,7 +20,7 @@ bench-quant    the fp8_block and mxfp4 runs of `bench` only
 bench-torch    triton and torch side by side, bf16, four presets -> bench-triton-torch-bf16.json, bench-bf16.png
 bench-decode   triton at M=1,8,64: bf16 (four presets), fp8_block, mxfp4 -> decode-bf16/fp8/mxfp4.json
 ab-flags       the decode sizes under each switch (PDL, fp8 in-loop quantization, bit-op MXFP4 decode,
-               split-K off, the alignment at decode, direct routing at every M, GEMM2 summing the slots) against the defaults, each
+               split-K off, the alignment at decode, direct routing at every M) against the defaults, each
                in its own process (tools/ab_flags.py; AB_TOKENS, default 1,8,64; AB_SETTINGS: a
                comma-separated subset) -> ab-flags.json
 profile        per-kernel GPU time next to the CUDA-graph time (tools/profile_launches.py; PROFILE_TOKENS,

@@ -252,13 +252,13 @@ def launch_gemm2(
     row per (token, slot) pair, or ``[M, H]`` when ``by_token`` (k == 1: no slot sum follows). ``a_scale``:
     ``a`` holds fp8_block codes and these are their scales (``launch_gemm1``'s ``out_scale``). ``split``
     (partials ``[split, rows, H]``), ``pdl`` and ``switches`` as in ``launch_gemm1``. ``slot_sum`` (direct
-    k > 1): also sum each token's slots of ``y`` into ``slot_sum.out`` in this launch."""
+    routing, k > 1): also sum each token's slots of ``y`` into ``slot_sum.out`` in this launch."""
     w, r, g = weights, routing, tiles
     num_m = r.block_expert.numel()
     h = y.shape[1]
     split_k, partials, counters, *p_strides = _split_args(split, r.offsets)
-    if slot_sum is not None and by_token:
-        raise ValueError("GEMM2 sums the slots itself only with k > 1 (k == 1 writes by token)")
+    if slot_sum is not None and (not r.direct or by_token):
+        raise ValueError("GEMM2 sums the slots itself only with direct routing and k > 1")
     a_fp8 = a_scale is not None
     use_tma = tma.applies(g.tma, w.scheme, w.weight)
     tma_a = use_tma and not r.direct and a.shape[0] == num_m * r.block_m and tma.rows_ok(a)  # aligned rows
@@ -339,10 +339,9 @@ def run_fused_moe(
         _run_direct(x, ids, weights, w13, w2, activation, out, cfg, split, router_on_input, pdl, sw)
         return
     n_blocks = align.max_blocks(m * top_k, num_experts, cfg.block_m)
-    slot_tiles = m * cdiv(h, cfg.gemm2.block_n) if sw.slot_sum and not by_token else 0
     scratch1, scratch2, counters = split_scratch(
         n_blocks, cfg.block_m, x.device, (split, 2 * inter, inter, cfg.gemm1.block_n),
-        (cfg.split_k2, h, h, cfg.gemm2.block_n), extra=slot_tiles,
+        (cfg.split_k2, h, h, cfg.gemm2.block_n),
     )  # fmt: skip
     routing = AlignedRouting(
         weights, *align.align(ids, num_experts, cfg.block_m, pdl, zero=counters), top_k, cfg.block_m, router_on_input
@@ -358,10 +357,9 @@ def run_fused_moe(
     launch_gemm1(a, w13, routing, activation, intermediate, cfg.gemm1, x_scale=a_scale, out_scale=inter_scale,
                  round_to=x.dtype, split=scratch1, pdl=pdl, switches=sw)  # fmt: skip
     y = out if by_token else torch.empty(m * top_k, h, dtype=x.dtype, device=x.device)
-    slots = SlotSum(out, counters[counters.numel() - slot_tiles :]) if slot_tiles else None
     launch_gemm2(intermediate, w2, routing, y, cfg.gemm2, a_scale=inter_scale, by_token=by_token, split=scratch2,
-                 slot_sum=slots, pdl=pdl, switches=sw)  # fmt: skip
-    if not by_token and slots is None:
+                 pdl=pdl, switches=sw)  # fmt: skip
+    if not by_token:
         block = min(1024, next_power_of_2(h))
         launch(gemm._sum_slots, (m, cdiv(h, block)), y, out, ids, h, y.stride(0), out.stride(0), num_experts,
                TOP_K=top_k, BLOCK_N=block, **pdl)  # fmt: skip

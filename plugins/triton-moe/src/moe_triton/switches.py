@@ -73,13 +73,6 @@ class Switches:
         "at decode (kernel_configs.direct_decode) skip the alignment: one GEMM row block per (token, slot) "
         "pair, GEMM2 summing the slots itself, two launches in all; the same result",
     )
-    slot_sum: bool = _switch(
-        False,
-        "MOE_TRITON_SLOT_SUM",
-        "k > 1 with aligned routing: GEMM2 sums each token's k slots itself (a counter per token and N tile; "
-        "the token's last pair to finish sums its rows) instead of a separate launch after it; bitwise the "
-        "same result",
-    )
     fast_launch: bool = _switch(
         True,
         "MOE_TRITON_FAST_LAUNCH",

@@ -22,8 +22,7 @@ blocks the only extra work is one scalar compare.
 - ``_gemm2``: the intermediate times ``w2``; the epilogue adds the bias,
   multiplies by the routing weight and writes each (token, slot) pair to its
   own row of ``[M*k, H]`` (a deterministic place; the k slots are summed by
-  ``_sum_slots``, or by the token's last tile to finish, ``SUM_SLOTS``) — or
-  straight into the output when k == 1. It splits K the
+  ``_sum_slots``) — or straight into the output when k == 1. It splits K the
   same way as GEMM1 (``SPLIT_K``, partials ``[SPLIT_K, rows, H]``).
 
 Weights are read in their prepared format (``moe_triton.layout``) and
@@ -600,20 +599,19 @@ def _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, B
 def _gemm2_epilogue(
     acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, stride_be, stride_bn,
     stride_om, stride_on, TOP_K: tl.constexpr, SCHEME: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, STORE_NULL: tl.constexpr = False,
+    ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr,
 ):  # fmt: skip
     """GEMM2's epilogue of one tile: the MXFP4 multiplier, bias and routing weight, each pair's row stored.
-    ``live`` false (the null segment, ``acc`` zero): no bias or routing weight, and its rows stored (zeros)
-    only when ``OUT_BY_TOKEN`` (k == 1: the token's output row is this pair's alone) or ``STORE_NULL`` (the
-    slot sum of aligned routing adds every slot's row)."""
+    ``live`` false (the null segment, ``acc`` zero): no bias, and its rows stored only when
+    ``OUT_BY_TOKEN`` (k == 1: the token's output row is this pair's alone, so it gets zeros)."""
     if SCHEME == MXFP4:
         acc = acc * tl.load(mult_ptr + expert)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_be + n * stride_bn, mask=tl.where(live, n_ok, False),
                        other=0.0).to(tl.float32)[None, :]  # fmt: skip
     if not ROUTER_ON_INPUT:
-        acc = acc * tl.load(topk_w_ptr + pair, mask=tl.where(live, row_ok, False), other=0.0)[:, None]
-    if OUT_BY_TOKEN or STORE_NULL:
+        acc = acc * tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
+    if OUT_BY_TOKEN:
         store_ok = row_ok
     else:
         store_ok = tl.where(live, row_ok, False)
@@ -629,21 +627,16 @@ def _gemm2_tile(
     HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
     DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr, PREFETCH: tl.constexpr,
-    sum_ptr, slot_count_ptr, pid_n, num_n, stride_sm, SUM_SLOTS: tl.constexpr,
 ):  # fmt: skip
     """One tile of a persistent GEMM2 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
-    null segment: no K step, zeros stored by token or for the slot sum), then the slot sum
-    (``_tile_slot_sum``) where ``SUM_SLOTS``."""
+    null segment: no K step, zeros stored only by token)."""
     acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
                      tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk,
                      stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K,
                      SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
     _gemm2_epilogue(acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, stride_be,
-                    stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT, OUT_BY_TOKEN,
-                    SUM_SLOTS)  # fmt: skip
-    if SUM_SLOTS:
-        _tile_slot_sum(out_ptr, sum_ptr, slot_count_ptr, pair, row_ok, pid_n, n, n_ok, num_n, stride_om, stride_sm,
-                       TOP_K, BLOCK_M, BLOCK_N)  # fmt: skip
+                    stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
+                    OUT_BY_TOKEN)  # fmt: skip
 
 
 @triton.jit
@@ -665,11 +658,11 @@ def _gemm2(
     ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes and ``as`` the scales that GEMM1's ``OUT_FP8``
     epilogue wrote.
 
-    ``SUM_SLOTS`` (k > 1): after storing its pairs' rows of ``[M*k, H]`` a tile counts each pair in at its
-    token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch), and a token's last pair
-    to arrive sums its k rows into ``sum_ptr`` ``[M, H]``, in the order and arithmetic of ``_sum_slots``,
-    so no separate launch (``_sum_token_slots``). Direct routing skips invalid slots by the flat ids in
-    ``block_expert_ptr``; aligned routing stores zeros for the null segment's pairs instead.
+    ``SUM_SLOTS`` (``DIRECT`` with k > 1): after storing its pair's row of ``[M*k, H]`` each (pair, N tile)
+    program arrives at its token's counter (``slot_count_ptr``, one per (token, N tile), zero at launch),
+    and the token's last to arrive sums the k rows into ``sum_ptr`` ``[M, H]`` — ``_slot_sum``, the
+    order and arithmetic of ``_sum_slots``, so no separate launch; the flat ids it skips invalid slots by
+    are ``block_expert_ptr``'s, as direct routing passes them.
 
     ``TMA``: the weight tiles through a descriptor over ``[E * H, K]``, as in ``_gemm1``. ``TMA_A``
     (aligned routing: a block's rows are consecutive rows of ``a``): ``a``'s tiles through a descriptor
@@ -681,7 +674,7 @@ def _gemm2(
                                       BLOCK_K, TMA, TMA_A)  # fmt: skip
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N, BLOCK_M, BLOCK_N)
         for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
-            pid_m, pid_n, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
+            pid_m, _, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
                 t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N, BLOCK_M, BLOCK_N, GROUP_M
             )
             if TAIL_M > 0:
@@ -692,23 +685,21 @@ def _gemm2(
                                 stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                                 stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                                 OUT_BY_TOKEN, PRECISION, DECODE_ASM, TAIL_M, BLOCK_N, BLOCK_K, TAIL_SWAP, A_FP8, TMA,
-                                False, PREFETCH, sum_ptr, slot_count_ptr, pid_n, num_n, stride_sm,
-                                SUM_SLOTS)  # fmt: skip
+                                False, PREFETCH)  # fmt: skip
                 else:
                     _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
                                 expert, live, pid_m, rows, pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak,
                                 stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                                 stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                                 OUT_BY_TOKEN, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA,
-                                TMA_A, PREFETCH, sum_ptr, slot_count_ptr, pid_n, num_n, stride_sm,
-                                SUM_SLOTS)  # fmt: skip
+                                TMA_A, PREFETCH)  # fmt: skip
             else:
                 _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
                             expert, live, pid_m, rows, pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak,
                             stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_be,
                             stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT, OUT_BY_TOKEN,
                             PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A,
-                            PREFETCH, sum_ptr, slot_count_ptr, pid_n, num_n, stride_sm, SUM_SLOTS)  # fmt: skip
+                            PREFETCH)  # fmt: skip
     else:
         split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
         expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
@@ -719,16 +710,14 @@ def _gemm2(
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < N
         if expert == num_experts:  # null segment: no weight, partial or bias read
-            # k == 1: the token's output row is this pair's alone; aligned slot sum: it adds every slot's row
-            if (OUT_BY_TOKEN or (SUM_SLOTS and not DIRECT)) and split == 0:  # zero the rows once
+            if OUT_BY_TOKEN and split == 0:  # k == 1: the token's output row is this pair's alone, zero it once
                 zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
                 tl.store(_out_tile(out_ptr, pair, n, stride_om, stride_on, TOP_K, OUT_BY_TOKEN), zero,
                          mask=row_ok[:, None] & n_ok[None, :])  # fmt: skip
-            if SUM_SLOTS and split == 0:  # counted in (direct routing leaves its slot out of the sum)
-                _sum_token_slots(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m, pair, row_ok, pid_n, n,
-                                 n_ok, tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_M, BLOCK_N,
-                                 DIRECT)  # fmt: skip
-            return  # k > 1 without SUM_SLOTS: _sum_slots leaves this pair's slot out
+            if SUM_SLOTS and split == 0:  # counted in, its slot left out of the sum
+                _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                          tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
+            return  # k > 1: the slot sum leaves this pair's slot out
         k_lo, k_hi = _k_slice(K, split, SPLIT_K, BLOCK_K)
         w_desc, a_desc = _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M, BLOCK_N,
                                       BLOCK_K, TMA, TMA_A)  # fmt: skip
@@ -749,9 +738,8 @@ def _gemm2(
                         out_ptr, stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                         OUT_BY_TOKEN)  # fmt: skip
         if SUM_SLOTS:
-            _sum_token_slots(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m, pair, row_ok, pid_n, n, n_ok,
-                             tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_M, BLOCK_N,
-                             DIRECT)  # fmt: skip
+            _slot_sum(out_ptr, sum_ptr, block_expert_ptr, slot_count_ptr, pid_m // TOP_K, pid_n, n, n_ok,
+                      tl.cdiv(N, BLOCK_N), stride_om, stride_sm, num_experts, TOP_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -778,42 +766,6 @@ def _slot_sum(y_ptr, sum_ptr, ids_ptr, count_ptr, t, pid_n, n, n_ok, num_n, stri
         tl.atomic_xchg(counter, 0)
         acc = _slot_terms(y_ptr, ids_ptr, t.to(tl.int64), n, n_ok, stride_ym, num_experts, TOP_K, BLOCK_N, ".cg")
         tl.store(sum_ptr + t.to(tl.int64) * stride_sm + n, acc.to(sum_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def _tile_slot_sum(y_ptr, sum_ptr, count_ptr, pair, row_ok, pid_n, n, n_ok, num_n, stride_ym, stride_sm,
-                   TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """``_slot_sum`` for a tile of aligned routing, whose rows hold pairs of up to ``BLOCK_M`` tokens: each
-    pair counts in at its token's counter for this N tile, and the rows that were their token's last to
-    arrive sum its k rows of ``y`` in slot order (fp32, ``_sum_slots``' arithmetic) into ``sum_ptr``. Every
-    slot's row is there to add: the null segment's pairs store zeros (``_gemm2_epilogue``'s ``STORE_NULL``),
-    and a zero added is the slot left out, bitwise."""
-    t = (pair // TOP_K).to(tl.int64)  # padding rows (pair == num_pairs) are masked by row_ok
-    counter = count_ptr + t * num_n + pid_n
-    tl.debug_barrier()  # every thread's row stores precede the release below
-    last = row_ok & (tl.atomic_add(counter, 1, mask=row_ok, sem="acq_rel") == TOP_K - 1)
-    if tl.max(last.to(tl.int32), axis=0) > 0:
-        tl.atomic_xchg(counter, 0, mask=last)
-        mask = last[:, None] & n_ok[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            rows = y_ptr + (t * TOP_K + j)[:, None] * stride_ym + n[None, :]
-            acc += tl.load(rows, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(sum_ptr + t[:, None] * stride_sm + n[None, :], acc.to(sum_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_token_slots(y_ptr, sum_ptr, ids_ptr, count_ptr, pid_m, pair, row_ok, pid_n, n, n_ok, num_n, stride_ym,
-                     stride_sm, num_experts, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     DIRECT: tl.constexpr):  # fmt: skip
-    """GEMM2's ``SUM_SLOTS`` after a tile's rows are stored: ``_slot_sum`` for direct routing (block
-    ``pid_m`` is one pair; ``ids_ptr`` the flat ids), ``_tile_slot_sum`` for aligned routing."""
-    if DIRECT:
-        _slot_sum(y_ptr, sum_ptr, ids_ptr, count_ptr, pid_m // TOP_K, pid_n, n, n_ok, num_n, stride_ym, stride_sm,
-                  num_experts, TOP_K, BLOCK_N)  # fmt: skip
-    else:
-        _tile_slot_sum(y_ptr, sum_ptr, count_ptr, pair, row_ok, pid_n, n, n_ok, num_n, stride_ym, stride_sm, TOP_K,
-                       BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
