@@ -14,6 +14,8 @@ import torch
 from moe_core import MoeConfig, MoeProblem
 from moe_core.selection import resolve_backend
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU (conftest)
+
 
 def _python(code: str, **env) -> str:
     full = {**os.environ, **env}
@@ -72,8 +74,7 @@ def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, 
     gen = torch.Generator().manual_seed(m)
     ids = torch.randint(0, num_experts, (m, top_k), generator=gen, dtype=torch.int32)
     ids[0, :] = 0  # at least one expert with several pairs, some experts empty
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    sorted_ids, block_expert, offsets = (t.cpu() for t in align(ids.to(device), num_experts, block_m))
+    sorted_ids, block_expert, offsets = (t.cpu() for t in align(ids.to(DEVICE), num_experts, block_m))
     flat = ids.reshape(-1).tolist()
     counts = [flat.count(e) for e in range(num_experts)]
     padded = [-(-c // block_m) * block_m for c in counts]
@@ -246,8 +247,7 @@ def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_til
     from moe_triton.kernel_configs import GemmConfig
 
     cfg = MoeConfig(8, 2, 64, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32)
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
-    weights = tune.prepare_weights_for(cfg, device)
+    weights = tune.prepare_weights_for(cfg, DEVICE)
     tiles = [GemmConfig(bn, bk, 1, 4, 2) for bn, bk in ((32, 32), (64, 32), (32, 64))]
     real1, real2 = launch.launch_gemm1, launch.launch_gemm2
 
@@ -276,7 +276,7 @@ def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_til
     monkeypatch.setattr(tune, "SPLITS", (2,))
     monkeypatch.setattr(tune, "PERSISTENT", (1,))
     lines = []
-    best = tune.tune_shape(cfg, weights, [20], device, log=lines.append)[20]
+    best = tune.tune_shape(cfg, weights, [20], DEVICE, log=lines.append)[20]
     assert best.gemm1.block_n == 64  # right and fastest
     assert best.gemm2.block_n != 64 and best.gemm2 in {*tiles, *(replace(t, persistent=1) for t in tiles)}
     assert not (best.gemm1.block_k == 64 and best.gemm1.persistent)
@@ -298,14 +298,13 @@ def test_custom_op_opcheck(quantized):
     from moe_triton import launch
     from moe_triton.layout import prepare_weights
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     scheme = "mxfp4" if quantized else {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
     act = "swiglu_oai" if quantized else "silu"
     cfg = MoeConfig(4, 2, 64, 64, quant_scheme=scheme, activation=act, has_bias=quantized, dtype=dtype)
-    w = prepare_weights(scheme, random_weights(cfg, device))
-    x, ids, tw = random_inputs(cfg, 5, device)
-    out = torch.empty(5, 64, dtype=dtype, device=device)
+    w = prepare_weights(scheme, random_weights(cfg, DEVICE))
+    x, ids, tw = random_inputs(cfg, 5, DEVICE)
+    out = torch.empty(5, 64, dtype=dtype, device=DEVICE)
     args = (x, ids, tw, w.w13, w.w2, w.w13_scale, w.w2_scale, w.b13, w.b2, out, scheme, act, 1.702, 7.0, False,
             w.w13_mult, w.w2_mult)  # fmt: skip
     torch.library.opcheck(
@@ -356,11 +355,10 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
         return {("run1", 2): 2.0, ("run2", 4): 0.5}.get((gemm, split), 3.0)
 
     monkeypatch.setattr(tune, "_bench", clock)
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
-    scheme, dtype = ("bf16", torch.bfloat16) if device == "cuda" else ("fp32", torch.float32)
+    scheme, dtype = ("bf16", torch.bfloat16) if DEVICE == "cuda" else ("fp32", torch.float32)
     cfg = MoeConfig(8, 2, 128, 64, quant_scheme=scheme, activation="silu", dtype=dtype, has_bias=True)
-    weights = prepare_weights(scheme, random_weights(cfg, device))
-    best = tune.tune_shape(cfg, weights, [1], device, log=lambda line: None)[1]
+    weights = prepare_weights(scheme, random_weights(cfg, DEVICE))
+    best = tune.tune_shape(cfg, weights, [1], DEVICE, log=lambda line: None)[1]
     assert (best.split_k, best.split_k2, best.block_m) == (2, 4, 16)
     for gemm in ("run1", "run2"):
         assert sorted(s for g, s in set(ran) if g == gemm) == [1, *tune.SPLITS]
