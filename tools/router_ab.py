@@ -1,10 +1,11 @@
 """A/B of the fused router on CUDA: ``MoeLayer`` on triton with its backend's routing kernel
 (``FusedOp.router``) against the same layer routing in torch ops (``fused_routing=False``) — same weights,
-gate and inputs, one process — for Qwen3-30B-A3B (bf16) and gpt-oss-120b (bf16, mxfp4) at M = 1, 64, 2048:
+gate and inputs, one process — for Qwen3-30B-A3B (bf16), gpt-oss-120b (bf16, mxfp4; softmax top-k) and
+DeepSeek-V3 at TP8 (bf16; grouped top-k of float32 logits with a correction bias) at M = 1, 64, 2048:
 µs per CUDA-graph replay and eager wall (medians), the router alone both ways, the outputs' relative L2 and
 the share of tokens given the same experts (bf16 logits tie often, so not always 1).
 
-    python tools/router_ab.py --json router_ab.json
+    python tools/router_ab.py --json router_ab.json [--cases deepseek-v3-tp8:bf16,qwen3-30b-a3b:bf16]
 """
 
 import argparse
@@ -18,13 +19,19 @@ from transformers_bench import _graph_us, _median_us  # this folder: the timing 
 from moe_core import MoeLayer
 from moe_core.integrations.transformers.router import HFRouter
 from moe_core.presets import PRESETS
-from moe_core.routing import SoftmaxTopK
+from moe_core.routing import GroupedTopK, SoftmaxTopK
 from moe_core.synthetic import random_weights
 from moe_core.tolerances import relative_l2
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+CASES = ("qwen3-30b-a3b:bf16", "gpt-oss-120b:bf16", "gpt-oss-120b:mxfp4", "deepseek-v3-tp8:bf16")
 parser.add_argument("--json", required=True, help="where to write the rows")
-OUT = parser.parse_args().json
+parser.add_argument("--cases", default=",".join(CASES), help=f"PRESET:SCHEME rows to run (default: {','.join(CASES)})")
+args = parser.parse_args()
+OUT = args.json
+cases = [tuple(c.split(":")) for c in args.cases.split(",")]
+if not all(len(c) == 2 and ":".join(c) in CASES for c in cases):
+    parser.error(f"--cases takes some of {', '.join(CASES)}")
 if not torch.cuda.is_available():
     parser.exit(1, "router_ab.py needs a CUDA device\n")
 dev = torch.device("cuda")
@@ -35,7 +42,7 @@ def measure(layers: dict, route, gate: torch.Tensor, x: torch.Tensor) -> dict:
     row = {}
     outs = {key: layer(x).clone() for key, layer in layers.items()}
     row["rel_l2_fused_vs_torch"] = float(f"{relative_l2(outs['fused'], outs['torch']):.2e}")
-    logits = x @ gate.T
+    logits = layers["fused"].router.logits(x)
     ref_ids, _ = route(logits)
     ids, _ = layers["fused"].fused_router(logits)
     row["same_experts_tokens"] = float((ids.sort(1).values == ref_ids.sort(1).values).all(1).float().mean())
@@ -49,14 +56,19 @@ def measure(layers: dict, route, gate: torch.Tensor, x: torch.Tensor) -> dict:
 
 rows = []
 t0 = time.time()
-for name, scheme in (("qwen3-30b-a3b", "bf16"), ("gpt-oss-120b", "bf16"), ("gpt-oss-120b", "mxfp4")):
+for name, scheme in cases:
     cfg = PRESETS[name].config(scheme, torch.bfloat16)
     w = random_weights(cfg, dev)
     gate = torch.randn(cfg.num_experts, cfg.hidden_size, device=dev, dtype=torch.bfloat16) * cfg.hidden_size**-0.5
-    route = SoftmaxTopK(cfg.top_k)
+    deepseek = name.startswith("deepseek")  # DeepSeek-V3's router: 8 groups, 4 kept, float32 logits
+    bias = torch.rand(cfg.num_experts, device=dev) * 0.1
+    route = (GroupedTopK(cfg.top_k, n_group=8, topk_group=4, routed_scaling_factor=2.5, correction_bias=bias)
+             if deepseek else SoftmaxTopK(cfg.top_k))  # fmt: skip
     layers = {
-        "fused": MoeLayer(cfg, w, HFRouter(gate, None, route), backend="triton"),
-        "torch": MoeLayer(cfg, w, HFRouter(gate, None, route), backend="triton", fused_routing=False),
+        "fused": MoeLayer(cfg, w, HFRouter(gate, None, route, float32_logits=deepseek), backend="triton"),
+        "torch": MoeLayer(
+            cfg, w, HFRouter(gate, None, route, float32_logits=deepseek), backend="triton", fused_routing=False
+        ),
     }
     del w
     assert layers["fused"].fused_router is not None and layers["torch"].fused_router is None

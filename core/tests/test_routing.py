@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.routing import grouped_topk, sigmoid_top1, softmax_topk, topk_softmax
+from moe_core.routing import GroupedTopK, grouped_topk, sigmoid_top1, softmax_topk, topk_softmax
 
 
 def test_softmax_topk_hand_computed():
@@ -74,6 +74,35 @@ def test_group_limit_excludes_experts_outside_best_groups():
     logits = torch.tensor([[3.0, -5.0, 2.0, 2.0]])
     ids, _ = grouped_topk(logits, 2, n_group=2, topk_group=1)
     assert sorted(ids.tolist()[0]) == [2, 3]
+
+
+def test_grouped_topk_bundle_is_the_function_with_its_parameters():
+    gen = torch.Generator().manual_seed(3)
+    logits, bias = torch.randn(9, 32, generator=gen), torch.randn(32, generator=gen)
+    params = dict(n_group=4, topk_group=2, correction_bias=bias, scoring="softmax", renormalize=True)
+    params.update(routed_scaling_factor=1.5, group_scoring="max", renormalize_eps=1e-6, renormalize_min=0.25)
+    bundle = GroupedTopK(3, **params)
+    for got, want in zip(bundle(logits), grouped_topk(logits, 3, **params), strict=True):
+        assert torch.equal(got, want)
+    shown = repr(bundle)
+    assert "n_group=4" in shown and "correction_bias=yes" in shown and "tensor" not in shown
+    # the bias is the caller's tensor, read at each call: bundles compare by identity
+    assert bundle != GroupedTopK(3, **params) and bundle == bundle
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(top_k=0), "top_k must be a positive int"),
+        (dict(top_k=2, n_group=2, topk_group=3), "topk_group=3 must be in"),
+        (dict(top_k=2, scoring="relu"), "scoring must be"),
+        (dict(top_k=2, group_scoring="min"), "group_scoring must be"),
+        (dict(top_k=2, correction_bias=torch.zeros(2, 4)), "correction_bias must be a 1-D tensor"),
+    ],
+)
+def test_grouped_topk_bundle_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(InvalidInputError, match=match):
+        GroupedTopK(**kwargs)
 
 
 def test_llama4_sigmoid_top1():

@@ -24,14 +24,15 @@ slots, so their order changes nothing but the rounding of that sum.
   the expert *input* (Llama 4; ``MoeConfig.apply_router_weight_on_input``).
 - ``sparsemixer``: PhiMoE's top-2 SparseMixer in its inference (eval) form.
 
-``SoftmaxTopK`` is ``softmax_topk`` as a named bundle of its parameters: a router whose choice is one
-(``HFRouter.route``) says *what* it computes, so a layer can ask its backend for a fused kernel of it
-(``FusedOp.router``) instead of running the torch ops; called, it is ``softmax_topk``.
+``SoftmaxTopK`` and ``GroupedTopK`` are ``softmax_topk`` and ``grouped_topk`` as named bundles of their
+parameters: a router whose choice is one (``HFRouter.route``) says *what* it computes, so a layer can ask its
+backend for a fused kernel of it (``FusedOp.router``) instead of running the torch ops; called, a bundle is
+its function.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -151,6 +152,62 @@ def grouped_topk(
     if renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + renormalize_eps).clamp(min=renormalize_min)
     return _out(ids, weights * routed_scaling_factor)
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedTopK:
+    """``grouped_topk(logits, top_k, ...)`` as data: what a backend's fused router must compute (DeepSeek-V2/V3
+    and their clones, Mistral 4, and the one-group sigmoid / softmax routers: MiniMax-M2, LFM2-MoE, Ernie 4.5).
+
+    ``correction_bias`` is the block's own tensor (referenced, read at each call), so bundles compare by
+    identity: two bundles with equal numbers but different biases choose differently. A fused kernel returns
+    the same k experts per token (in any order; near-ties of the biased scores may resolve to either expert)
+    with the same float32 weights up to float32 rounding."""
+
+    top_k: int
+    n_group: int = 1
+    topk_group: int = 1
+    scoring: str = "sigmoid"
+    renormalize: bool = True
+    routed_scaling_factor: float = 1.0
+    group_scoring: str = "top2_sum"
+    renormalize_eps: float = 1e-20
+    renormalize_min: float = 0.0
+    correction_bias: torch.Tensor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "n_group", "topk_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
+        if self.topk_group > self.n_group:
+            raise InvalidInputError(f"topk_group={self.topk_group} must be in [1, n_group={self.n_group}]")
+        if self.scoring not in ("sigmoid", "softmax"):
+            raise InvalidInputError(f"scoring must be 'sigmoid' or 'softmax', got {self.scoring!r}")
+        if self.group_scoring not in ("top2_sum", "max"):
+            raise InvalidInputError(f"group_scoring must be 'top2_sum' or 'max', got {self.group_scoring!r}")
+        bias = self.correction_bias
+        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1):
+            raise InvalidInputError("correction_bias must be a 1-D tensor [E] or None")
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grouped_topk(
+            logits,
+            self.top_k,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            correction_bias=self.correction_bias,
+            scoring=self.scoring,
+            renormalize=self.renormalize,
+            routed_scaling_factor=self.routed_scaling_factor,
+            group_scoring=self.group_scoring,
+            renormalize_eps=self.renormalize_eps,
+            renormalize_min=self.renormalize_min,
+        )
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__dataclass_fields__ if f != "correction_bias")
+        return f"GroupedTopK({shown}, correction_bias={'yes' if self.correction_bias is not None else 'no'})"
 
 
 def sigmoid_top1(logits: torch.Tensor):

@@ -1,5 +1,6 @@
-"""The fused router (``TritonFusedOp.router``, ``kernels.route``): the softmax top-k of ``moe_core.routing``
-in one kernel, against the torch routing; offered to layers only for what it computes."""
+"""The fused routers (``TritonFusedOp.router``, ``kernels.route``): the softmax top-k and the grouped top-k of
+``moe_core.routing`` in one kernel each, against the torch routing; offered to layers only for what they
+compute."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from conftest import requires_cuda
 from moe_core import MoeConfig, MoeLayer
 from moe_core.config import MoeProblem
 from moe_core.integrations.transformers.router import HFRouter
-from moe_core.routing import SoftmaxTopK, grouped_topk, softmax_topk
+from moe_core.routing import GroupedTopK, SoftmaxTopK, grouped_topk, softmax_topk
 from moe_core.synthetic import random_weights
 from moe_triton import switches
 from moe_triton.fused_op import TritonFusedOp
@@ -84,7 +85,7 @@ def test_offered_for_softmax_topk_only_and_only_when_switched_on():
     op = _op(8)
     assert op.router(SoftmaxTopK(2, False)).renormalize is False
     assert op.router(lambda logits: softmax_topk(logits, 2)) is None
-    assert op.router(grouped_topk) is None
+    assert op.router(grouped_topk) is None  # a function, not a bundle: nothing says what it computes
     assert _op(2048).router(SoftmaxTopK(2)) is None  # more experts than one row of registers holds
     with switches.override(fused_router=False):
         assert op.router(SoftmaxTopK(2)) is None
@@ -100,6 +101,149 @@ def test_layer_routes_through_the_kernel_and_matches_torch_routing():
     assert fused.fused_router is not None and fused.fused_router.backend == "triton" and plain.fused_router is None
     x = torch.randn(19, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+# --- grouped top-k (DeepSeek and its clones, Mistral 4, the one-group sigmoid routers) -----------------------------
+
+
+def _same_grouped_choice(logits, ids, weights, routing: GroupedTopK, atol=1e-6):
+    """Near-ties of the biased scores may resolve to either expert (the kernel's sigmoid / exp round apart
+    from torch's by an ulp): compare the chosen biased scores and the weights, each sorted, then the ids."""
+    ref_ids, ref_weights = routing(logits)
+    m, e = logits.shape
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert ids.shape == weights.shape == (m, routing.top_k)
+    assert int(ids.min()) >= 0 and int(ids.max()) < e
+    assert all(len(set(row)) == routing.top_k for row in ids.tolist())
+    x = logits.float()
+    scores = x.sigmoid() if routing.scoring == "sigmoid" else torch.softmax(x, dim=-1)
+    choice = scores if routing.correction_bias is None else scores + routing.correction_bias.to(x.device).float()
+    torch.testing.assert_close(choice.gather(1, ids.long()).sort(1).values,
+                               choice.gather(1, ref_ids.long()).sort(1).values, rtol=0, atol=atol)  # fmt: skip
+    scale = atol * max(1.0, routing.routed_scaling_factor)
+    torch.testing.assert_close(weights.sort(1).values, ref_weights.sort(1).values, rtol=1e-6, atol=scale)
+    return (ids.long().sort(1).values == ref_ids.long().sort(1).values).all(1)  # rows with the same ids
+
+
+GROUPED = {  # name: (E, bundle parameters)
+    "deepseek-v3": (64, dict(top_k=6, n_group=8, topk_group=3, routed_scaling_factor=2.5, bias=True)),
+    "deepseek-v2": (
+        48,
+        dict(
+            top_k=4,
+            n_group=6,
+            topk_group=2,
+            scoring="softmax",
+            renormalize=False,
+            group_scoring="max",
+            routed_scaling_factor=16.0,
+        ),
+    ),
+    "mistral4": (20, dict(top_k=4, n_group=4, topk_group=2, scoring="softmax")),
+    "deepseek-v2-greedy": (40, dict(top_k=6, scoring="softmax", renormalize=False)),
+    "lfm2": (32, dict(top_k=4, renormalize_eps=1e-6, bias=True)),
+    "ernie": (24, dict(top_k=3, scoring="softmax", renormalize_min=0.5, bias=True)),
+}
+
+
+def _grouped(name: str, gen: torch.Generator, device=DEVICE) -> tuple[int, GroupedTopK]:
+    e, params = GROUPED[name]
+    params = dict(params)
+    bias = torch.randn(e, generator=gen).to(device) * 0.5 if params.pop("bias", False) else None
+    return e, GroupedTopK(correction_bias=bias, **params)
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED))
+def test_grouped_kernel_matches_torch_routing(name):
+    from moe_triton.router import GroupedTopKRouter
+
+    gen = torch.Generator().manual_seed(len(name))
+    e, routing = _grouped(name, gen)
+    kernel = GroupedTopKRouter(routing)
+    for m in (1, 37):
+        logits = (torch.randn(m, e, generator=gen) * 2).to(DEVICE)
+        ids, weights = kernel(logits)
+        assert bool(_same_grouped_choice(logits, ids, weights, routing).all())  # fp32: no near-ties here
+    if routing.n_group > 1:  # the groups decide: without them torch chooses otherwise in some rows
+        ungrouped = GroupedTopK(routing.top_k, scoring=routing.scoring, correction_bias=routing.correction_bias)
+        assert not torch.equal(ids.sort(1).values, ungrouped(logits)[0].sort(1).values)
+
+
+def test_grouped_kernel_reads_the_bias_at_each_call_and_handles_no_tokens():
+    from moe_triton.router import GroupedTopKRouter
+
+    bias = torch.zeros(8, device=DEVICE)
+    kernel = GroupedTopKRouter(GroupedTopK(1, correction_bias=bias, renormalize=False))
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]], device=DEVICE)
+    assert kernel(logits)[0].tolist() == [[0]]
+    bias[3] = 5.0  # the block's tensor changed in place (a checkpoint loaded after patching)
+    ids, weights = kernel(logits)
+    assert ids.tolist() == [[3]]  # chosen by the bias, weighted by its unbiased score sigmoid(-1)
+    torch.testing.assert_close(weights, torch.sigmoid(torch.tensor([[-1.0]], device=DEVICE)))
+    ids, weights = kernel(logits[:0])
+    assert ids.shape == weights.shape == (0, 1)
+
+
+def test_grouped_offered_where_torch_would_route_it():
+    from moe_triton.router import GroupedTopKRouter
+
+    op = _op(8)
+    assert isinstance(op.router(GroupedTopK(2, n_group=4, topk_group=2)), GroupedTopKRouter)
+    assert op.router(GroupedTopK(2, n_group=3, topk_group=1)) is None  # 3 groups do not divide 8 experts
+    assert op.router(GroupedTopK(4, n_group=4, topk_group=1)) is None  # 4 experts asked of one group of 2
+    assert op.router(GroupedTopK(2, correction_bias=torch.zeros(7))) is None  # a bias of another E
+    with switches.override(fused_router=False):
+        assert op.router(GroupedTopK(2)) is None
+
+
+def test_layer_routes_deepseek_through_the_grouped_kernel():
+    cfg = MoeConfig(16, 4, 64, 32, quant_scheme="fp32", dtype=torch.float32)
+    weights = random_weights(cfg, DEVICE, seed=6)
+    gen = torch.Generator().manual_seed(7)
+    gate = torch.randn(16, 64, generator=gen).to(DEVICE)
+    route = GroupedTopK(4, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                        correction_bias=torch.randn(16, generator=gen).to(DEVICE))  # fmt: skip
+    fused = MoeLayer(cfg, weights, HFRouter(gate, None, route, float32_logits=True), backend="triton",
+                     cuda_graph_max_tokens=0)  # fmt: skip
+    plain = MoeLayer(cfg, weights, HFRouter(gate, None, route, float32_logits=True), backend="triton",
+                     fused_routing=False, cuda_graph_max_tokens=0)  # fmt: skip
+    assert fused.fused_router is not None and "GroupedTopKRouter" in repr(fused.fused_router._kernel)
+    assert plain.fused_router is None
+    x = torch.randn(19, 64, generator=gen).to(DEVICE)
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 2048])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_kernel_matches_torch_routing_at_deepseek_v3_shape(m, dtype):
+    """DeepSeek-V3's router: 256 experts in 8 groups, 4 kept, k=8, float32 logits (bf16 too: its clones)."""
+    from moe_triton.router import GroupedTopKRouter
+
+    gen = torch.Generator().manual_seed(m)
+    routing = GroupedTopK(8, n_group=8, topk_group=4, routed_scaling_factor=2.5,
+                          correction_bias=(torch.rand(256, generator=gen) * 0.1).cuda())  # fmt: skip
+    logits = torch.randn(m, 256, generator=gen).to("cuda", dtype)
+    same = _same_grouped_choice(logits, *GroupedTopKRouter(routing)(logits), routing, atol=1e-6)
+    assert float(same.float().mean()) > 0.99  # near-ties aside, the same experts
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_grouped_kernel_runs_inside_a_cuda_graph():
+    from moe_triton.router import GroupedTopKRouter
+
+    routing = GroupedTopK(8, n_group=8, topk_group=4, correction_bias=torch.rand(256, device="cuda") * 0.1)
+    logits = torch.randn(64, 256, device="cuda")
+    kernel = GroupedTopKRouter(routing)
+    kernel(logits)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, weights = kernel(logits)
+    logits.copy_(torch.randn(64, 256, device="cuda"))
+    graph.replay()
+    _same_grouped_choice(logits, ids, weights, routing)
 
 
 @requires_cuda

@@ -277,6 +277,18 @@ def main() -> None:
     for e, k, renormalize in ((128, 8, True), (128, 8, False), (128, 4, True), (8, 2, True)):
         rc = dict(TOP_K=k, K_POW2=k, RENORMALIZE=renormalize, BLOCK_M=min(64, 4096 // e), BLOCK_E=e)
         build(route._softmax_topk, route_types, rc, f"softmax_topk E={e} k={k} renormalize={renormalize}")
+    # the grouped router: DeepSeek-V3 (fp32 logits, bias, 8 groups of 32, 4 kept, top 8), DeepSeek-V2 (160
+    # experts in 8 groups of 20: not a power of two; softmax, groups by their best), MiniMax-M2 (one group)
+    for dt, e, k, groups, kept, sigmoid, bias in (
+        ("fp32", 256, 8, 8, 4, True, True), ("fp32", 160, 6, 8, 3, False, False), ("bf16", 256, 8, 1, 1, True, True)
+    ):  # fmt: skip
+        pointers = {"logits_ptr": f"*{dt}", "bias_ptr": "*fp32", "ids_ptr": "*i32", "weights_ptr": "*fp32"}
+        types = lambda n, p=pointers: p.get(n, "fp32" if n in ("scale", "eps", "floor") else "i32")
+        block_e = triton.next_power_of_2(e)
+        rc = dict(TOP_K=k, K_POW2=triton.next_power_of_2(k), N_GROUP=groups, G_POW2=groups, TOPK_GROUP=kept,
+                  PER_GROUP=e // groups, SIGMOID=sigmoid, TOP2_SUM=sigmoid, HAS_BIAS=bias, RENORMALIZE=sigmoid,
+                  BLOCK_M=min(64, 4096 // block_e), BLOCK_E=block_e)  # fmt: skip
+        build(route._grouped_topk, types, rc, f"grouped_topk {dt} E={e} k={k} groups={groups}")
     print("compiled", compiled, "kernels for sm90")
 
 

@@ -96,18 +96,28 @@ class TritonFusedOp(FusedOp):
         return out
 
     def router(self, routing):
-        """One kernel for ``SoftmaxTopK`` (the softmax families: Mixtral, Qwen, OLMoE, gpt-oss, ...) with at most
-        ``router.MAX_EXPERTS`` experts, unless the ``fused_router`` switch is off; ``None`` otherwise."""
-        from moe_core.routing import SoftmaxTopK
+        """One kernel for ``SoftmaxTopK`` (the softmax families: Mixtral, Qwen, OLMoE, gpt-oss, ...) or
+        ``GroupedTopK`` (DeepSeek and its clones, Mistral 4, the one-group sigmoid routers) with at most
+        ``router.MAX_EXPERTS`` experts, unless the ``fused_router`` switch is off; ``None`` otherwise (then the
+        layer routes in torch ops)."""
+        from moe_core.routing import GroupedTopK, SoftmaxTopK
         from moe_triton.switches import current_switches
 
-        if type(routing) is not SoftmaxTopK or not current_switches().fused_router:
+        if type(routing) not in (SoftmaxTopK, GroupedTopK) or not current_switches().fused_router:
             return None
-        from moe_triton.router import MAX_EXPERTS, SoftmaxTopKRouter
+        from moe_triton.router import MAX_EXPERTS, GroupedTopKRouter, SoftmaxTopKRouter
 
-        if self.config.num_experts > MAX_EXPERTS:
+        e = self.config.num_experts
+        if e > MAX_EXPERTS:
             return None
-        return SoftmaxTopKRouter(routing.top_k, routing.renormalize)
+        if type(routing) is SoftmaxTopK:
+            return SoftmaxTopKRouter(routing.top_k, routing.renormalize)
+        if e % routing.n_group or routing.top_k > routing.topk_group * (e // routing.n_group):
+            return None  # grouped_topk refuses it: the torch ops raise the error that names it
+        bias = routing.correction_bias
+        if bias is not None and tuple(bias.shape) != (e,):
+            return None
+        return GroupedTopKRouter(routing)
 
     @classmethod
     def tune(cls, presets, scheme, tokens, output=None, device="cuda"):

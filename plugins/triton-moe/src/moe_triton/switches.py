@@ -82,9 +82,9 @@ class Switches:
     fused_router: bool = _switch(
         True,
         "MOE_TRITON_FUSED_ROUTER",
-        "offer a layer routed by softmax top-k (moe_core.routing.SoftmaxTopK) one kernel for the choice "
-        "(moe_triton.router) instead of torch's top-k, softmax and casts; read when a layer is built; the same "
-        "experts and weights up to float32 rounding",
+        "offer a layer routed by softmax or grouped top-k (moe_core.routing.SoftmaxTopK, GroupedTopK) one kernel "
+        "for the choice (moe_triton.router) instead of torch's top-k, softmax, group and cast ops; read when a "
+        "layer is built; the same experts and weights up to float32 rounding",
     )
     auto_split_k: bool = _switch(
         False,

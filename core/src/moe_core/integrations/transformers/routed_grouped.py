@@ -111,9 +111,7 @@ def from_mistral4(block, dtype: torch.dtype = torch.float32) -> HFMoe:
 def _grouped_block(
     block, dtype, family: str, top_k: int, scale: float, kwargs: dict, note: str, float32_logits: bool = True
 ) -> HFMoe:
-    def route(logits: torch.Tensor):
-        return routing.grouped_topk(logits, top_k, routed_scaling_factor=scale, **kwargs)
-
+    route = routing.GroupedTopK(top_k, routed_scaling_factor=scale, **kwargs)
     shown = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "correction_bias")
     return gated_moe(
         block,
@@ -152,9 +150,7 @@ def one_group_block(
     correction = None if bias is None else bias.detach().reshape(-1)
     kwargs = dict(scoring=scoring, renormalize=renormalize, renormalize_eps=eps, renormalize_min=renormalize_min)
 
-    def route(logits: torch.Tensor):
-        return routing.grouped_topk(logits, top_k, correction_bias=correction, routed_scaling_factor=scale, **kwargs)
-
+    route = routing.GroupedTopK(top_k, correction_bias=correction, routed_scaling_factor=scale, **kwargs)
     shown = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     return gated_moe(
         block,

@@ -1,11 +1,12 @@
-"""The router's choice in one kernel: softmax top-k of router logits (``moe_core.routing.SoftmaxTopK``)."""
+"""The router's choice in one kernel: softmax top-k (``moe_core.routing.SoftmaxTopK``) and grouped top-k
+(``moe_core.routing.GroupedTopK``) of router logits."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["_softmax_topk"]
+__all__ = ["_grouped_topk", "_softmax_topk"]
 
 
 @triton.jit
@@ -44,3 +45,73 @@ def _softmax_topk(
     mask = row_ok[:, None] & (slots[None, :] < TOP_K)
     tl.store(ids_ptr + out, ids, mask=mask)
     tl.store(weights_ptr + out, vals / total[:, None], mask=mask)
+
+
+@triton.jit
+def _first_max(v, cols, BLOCK_E: tl.constexpr):
+    """Per row of ``v``: its largest value and the lowest column holding it (a NaN row: ``BLOCK_E``)."""
+    best = tl.max(v, axis=1)
+    return best, tl.min(tl.where(v == best[:, None], cols[None, :], BLOCK_E), axis=1)
+
+
+@triton.jit
+def _grouped_topk(
+    logits_ptr, bias_ptr, ids_ptr, weights_ptr, M, E, stride_lm, stride_le, scale, eps, floor,
+    TOP_K: tl.constexpr, K_POW2: tl.constexpr, N_GROUP: tl.constexpr, G_POW2: tl.constexpr,
+    TOPK_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, SIGMOID: tl.constexpr, TOP2_SUM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """``moe_core.routing.grouped_topk`` for ``BLOCK_M`` tokens per program, all ``E`` logits of a token in one
+    row of registers (float32): scores ``s`` (sigmoid, or softmax over E), the choice ``c = s + bias``; with
+    groups (``N_GROUP > 1``, ``PER_GROUP`` experts each) a group's score is the sum of its two best ``c``
+    (``TOP2_SUM``) or its best, the ``TOPK_GROUP`` best groups are kept and the others' experts leave the
+    choice; the k best ``c`` (each the lowest-numbered of equal ones) get weight ``s``, divided by
+    ``max(sum + eps, floor)`` (``RENORMALIZE``), times ``scale``."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = tl.arange(0, BLOCK_E)
+    col_ok = cols < E
+    src = tl.minimum(rows, M - 1).to(tl.int64)  # rows past M read the last row
+    x = tl.load(logits_ptr + src[:, None] * stride_lm + cols[None, :] * stride_le, mask=col_ok[None, :],
+                other=float("-inf")).to(tl.float32)  # fmt: skip
+    if SIGMOID:
+        scores = tl.sigmoid(x)  # the padding columns: sigmoid(-inf) = 0
+    else:
+        ex = tl.exp(x - tl.max(x, axis=1)[:, None])
+        scores = ex / tl.sum(ex, axis=1)[:, None]
+    choice = scores
+    if HAS_BIAS:
+        choice = choice + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    choice = tl.where(col_ok[None, :], choice, float("-inf"))
+    if N_GROUP > 1:
+        group_of = cols // PER_GROUP  # the padding columns lie past the last group
+        slots = tl.arange(0, G_POW2)
+        group_score = tl.full([BLOCK_M, G_POW2], float("-inf"), tl.float32)
+        for g in tl.static_range(N_GROUP):
+            in_g = tl.where((group_of == g)[None, :], choice, float("-inf"))
+            best, at = _first_max(in_g, cols, BLOCK_E)
+            if TOP2_SUM and PER_GROUP > 1:
+                best += tl.max(tl.where(cols[None, :] == at[:, None], float("-inf"), in_g), axis=1)
+            group_score = tl.where(slots[None, :] == g, best[:, None], group_score)
+        keep = tl.zeros([BLOCK_M, BLOCK_E], tl.int1)
+        for _ in tl.static_range(TOPK_GROUP):
+            _, g_best = _first_max(group_score, slots, G_POW2)
+            keep = keep | (group_of[None, :] == g_best[:, None])
+            group_score = tl.where(slots[None, :] == g_best[:, None], float("-inf"), group_score)
+        choice = tl.where(keep, choice, float("-inf"))
+    slots_k = tl.arange(0, K_POW2)
+    ids = tl.zeros([BLOCK_M, K_POW2], tl.int32)
+    vals = tl.zeros([BLOCK_M, K_POW2], tl.float32)
+    for j in tl.static_range(TOP_K):
+        _, idx = _first_max(choice, cols, BLOCK_E)
+        idx = tl.minimum(idx, E - 1)  # a NaN row matches no column: its id stays inside [0, E)
+        hit = cols[None, :] == idx[:, None]
+        ids = tl.where(slots_k[None, :] == j, idx[:, None], ids)
+        vals = tl.where(slots_k[None, :] == j, tl.sum(tl.where(hit, scores, 0.0), axis=1)[:, None], vals)
+        choice = tl.where(hit, float("-inf"), choice)
+    if RENORMALIZE:
+        vals = vals / tl.maximum(tl.sum(vals, axis=1) + eps, floor)[:, None]  # the padding slots hold 0
+    out = rows.to(tl.int64)[:, None] * TOP_K + slots_k[None, :]
+    mask = row_ok[:, None] & (slots_k[None, :] < TOP_K)
+    tl.store(ids_ptr + out, ids, mask=mask)
+    tl.store(weights_ptr + out, vals * scale, mask=mask)
