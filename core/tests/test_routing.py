@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_core.errors import InvalidInputError
-from moe_core.routing import GroupedTopK, grouped_topk, sigmoid_top1, softmax_topk, topk_softmax
+from moe_core.routing import GroupedTopK, SigmoidTop1, grouped_topk, sigmoid_top1, softmax_topk, topk_softmax
 
 
 def test_softmax_topk_hand_computed():
@@ -103,6 +103,15 @@ def test_grouped_topk_bundle_is_the_function_with_its_parameters():
 def test_grouped_topk_bundle_rejects_bad_parameters(kwargs, match):
     with pytest.raises(InvalidInputError, match=match):
         GroupedTopK(**kwargs)
+
+
+def test_sigmoid_top1_bundle_chooses_on_the_logits():
+    logits = torch.tensor([[20.0, 25.0, -1.0], [0.5, -2.0, 0.25]])  # sigmoid(20) == sigmoid(25) == 1 in float32
+    ids, weights = SigmoidTop1()(logits)
+    assert ids.tolist() == [[1], [0]] and SigmoidTop1().top_k == 1
+    assert torch.equal(weights, sigmoid_top1(logits)[1])
+    with pytest.raises(TypeError):
+        SigmoidTop1(top_k=2)
 
 
 def test_llama4_sigmoid_top1():

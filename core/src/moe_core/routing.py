@@ -24,10 +24,10 @@ slots, so their order changes nothing but the rounding of that sum.
   the expert *input* (Llama 4; ``MoeConfig.apply_router_weight_on_input``).
 - ``sparsemixer``: PhiMoE's top-2 SparseMixer in its inference (eval) form.
 
-``SoftmaxTopK`` and ``GroupedTopK`` are ``softmax_topk`` and ``grouped_topk`` as named bundles of their
-parameters: a router whose choice is one (``HFRouter.route``) says *what* it computes, so a layer can ask its
-backend for a fused kernel of it (``FusedOp.router``) instead of running the torch ops; called, a bundle is
-its function.
+``SoftmaxTopK``, ``GroupedTopK`` and ``SigmoidTop1`` are ``softmax_topk``, ``grouped_topk`` and
+``sigmoid_top1`` as named bundles of their parameters: a router whose choice is one (``HFRouter.route``)
+says *what* it computes, so a layer can ask its backend for a fused kernel of it (``FusedOp.router``)
+instead of running the torch ops; called, a bundle is its function.
 """
 
 from __future__ import annotations
@@ -218,6 +218,17 @@ def sigmoid_top1(logits: torch.Tensor):
     """
     values, ids = _check(logits, 1).topk(1, dim=-1)
     return _out(ids, values.float().sigmoid())
+
+
+@dataclass(frozen=True)
+class SigmoidTop1:
+    """``sigmoid_top1`` as data (Llama 4): what a backend's fused router must compute — the best logit's expert
+    (chosen on the logits, not on their sigmoid, which saturates to 1 and would tie), weight its sigmoid."""
+
+    top_k: int = field(default=1, init=False)
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return sigmoid_top1(logits)
 
 
 def sparsemixer(logits: torch.Tensor, jitter_eps: float):

@@ -11,7 +11,7 @@ from conftest import requires_cuda
 from moe_core import MoeConfig, MoeLayer
 from moe_core.config import MoeProblem
 from moe_core.integrations.transformers.router import HFRouter
-from moe_core.routing import GroupedTopK, SoftmaxTopK, grouped_topk, softmax_topk
+from moe_core.routing import GroupedTopK, SigmoidTop1, SoftmaxTopK, grouped_topk, sigmoid_top1, softmax_topk
 from moe_core.synthetic import random_weights
 from moe_triton import switches
 from moe_triton.fused_op import TritonFusedOp
@@ -209,6 +209,37 @@ def test_layer_routes_deepseek_through_the_grouped_kernel():
                      fused_routing=False, cuda_graph_max_tokens=0)  # fmt: skip
     assert fused.fused_router is not None and "GroupedTopKRouter" in repr(fused.fused_router._kernel)
     assert plain.fused_router is None
+    x = torch.randn(19, 64, generator=gen).to(DEVICE)
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+# --- sigmoid top-1 (Llama 4) -------------------------------------------------------------------------------------
+
+
+def test_sigmoid_top1_kernel_chooses_on_the_logits_and_weighs_by_their_sigmoid():
+    from moe_triton.router import SoftmaxTopKRouter
+
+    gen = torch.Generator().manual_seed(8)
+    kernel = SoftmaxTopKRouter(1, True, sigmoid_weight=True)
+    for e, dtype in ((16, torch.float32), (128, torch.float16)):
+        logits = (torch.randn(37, e, generator=gen) * 4).to(DEVICE, dtype)
+        logits[0, :2] = torch.tensor([20.0, 25.0])  # both sigmoids round to 1: the logit decides
+        ids, weights = kernel(logits)
+        ref_ids, ref_weights = sigmoid_top1(logits)
+        assert ids.dtype == torch.int32 and torch.equal(ids, ref_ids) and int(ids[0]) == 1
+        torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
+    assert isinstance(_op(8).router(SigmoidTop1()), SoftmaxTopKRouter)
+
+
+def test_layer_routes_llama4_through_the_kernel_with_the_weight_on_the_input():
+    cfg = MoeConfig(8, 1, 64, 32, quant_scheme="fp32", dtype=torch.float32, apply_router_weight_on_input=True)
+    weights = random_weights(cfg, DEVICE, seed=9)
+    gen = torch.Generator().manual_seed(10)
+    gate = torch.randn(8, 64, generator=gen).to(DEVICE)
+    fused = MoeLayer(cfg, weights, HFRouter(gate, None, SigmoidTop1()), backend="triton", cuda_graph_max_tokens=0)
+    plain = MoeLayer(cfg, weights, HFRouter(gate, None, SigmoidTop1()), backend="triton", fused_routing=False,
+                     cuda_graph_max_tokens=0)  # fmt: skip
+    assert fused.fused_router is not None and plain.fused_router is None
     x = torch.randn(19, 64, generator=gen).to(DEVICE)
     torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
 

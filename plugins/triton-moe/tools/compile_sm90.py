@@ -277,6 +277,8 @@ def main() -> None:
     for e, k, renormalize in ((128, 8, True), (128, 8, False), (128, 4, True), (8, 2, True)):
         rc = dict(TOP_K=k, K_POW2=k, RENORMALIZE=renormalize, BLOCK_M=min(64, 4096 // e), BLOCK_E=e)
         build(route._softmax_topk, route_types, rc, f"softmax_topk E={e} k={k} renormalize={renormalize}")
+    rc = dict(TOP_K=1, K_POW2=1, RENORMALIZE=True, BLOCK_M=32, BLOCK_E=128, SIGMOID_WEIGHT=True)  # Llama 4 Maverick
+    build(route._softmax_topk, route_types, rc, "sigmoid_top1 E=128")
     # the grouped router: DeepSeek-V3 (fp32 logits, bias, 8 groups of 32, 4 kept, top 8), DeepSeek-V2 (160
     # experts in 8 groups of 20: not a power of two; softmax, groups by their best), MiniMax-M2 (one group)
     for dt, e, k, groups, kept, sigmoid, bias in (

@@ -96,14 +96,15 @@ class TritonFusedOp(FusedOp):
         return out
 
     def router(self, routing):
-        """One kernel for ``SoftmaxTopK`` (the softmax families: Mixtral, Qwen, OLMoE, gpt-oss, ...) or
-        ``GroupedTopK`` (DeepSeek and its clones, Mistral 4, the one-group sigmoid routers) with at most
+        """One kernel for ``SoftmaxTopK`` (the softmax families: Mixtral, Qwen, OLMoE, gpt-oss, ...),
+        ``GroupedTopK`` (DeepSeek and its clones, Mistral 4, the one-group sigmoid routers) or ``SigmoidTop1``
+        (Llama 4) with at most
         ``router.MAX_EXPERTS`` experts, unless the ``fused_router`` switch is off; ``None`` otherwise (then the
         layer routes in torch ops)."""
-        from moe_core.routing import GroupedTopK, SoftmaxTopK
+        from moe_core.routing import GroupedTopK, SigmoidTop1, SoftmaxTopK
         from moe_triton.switches import current_switches
 
-        if type(routing) not in (SoftmaxTopK, GroupedTopK) or not current_switches().fused_router:
+        if type(routing) not in (SoftmaxTopK, GroupedTopK, SigmoidTop1) or not current_switches().fused_router:
             return None
         from moe_triton.router import MAX_EXPERTS, GroupedTopKRouter, SoftmaxTopKRouter
 
@@ -112,6 +113,8 @@ class TritonFusedOp(FusedOp):
             return None
         if type(routing) is SoftmaxTopK:
             return SoftmaxTopKRouter(routing.top_k, routing.renormalize)
+        if type(routing) is SigmoidTop1:
+            return SoftmaxTopKRouter(1, True, sigmoid_weight=True)
         if e % routing.n_group or routing.top_k > routing.topk_group * (e // routing.n_group):
             return None  # grouped_topk refuses it: the torch ops raise the error that names it
         bias = routing.correction_bias

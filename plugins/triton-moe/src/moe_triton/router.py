@@ -23,11 +23,13 @@ TILE_ELEMENTS = 4096
 
 
 class SoftmaxTopKRouter:
-    """``(ids int32 [M, k], weights float32 [M, k]) = router(logits [M, E])`` for ``SoftmaxTopK(k, renormalize)``."""
+    """``(ids int32 [M, k], weights float32 [M, k]) = router(logits [M, E])`` for ``SoftmaxTopK(k, renormalize)``,
+    or with ``sigmoid_weight`` for ``SigmoidTop1`` (``k = 1``; the same choice, weight ``sigmoid(logit)``)."""
 
-    def __init__(self, top_k: int, renormalize: bool) -> None:
+    def __init__(self, top_k: int, renormalize: bool, sigmoid_weight: bool = False) -> None:
         self.top_k = top_k
         self.renormalize = renormalize
+        self.sigmoid_weight = sigmoid_weight
         self._k_pow2 = next_power_of_2(top_k)
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,10 +41,12 @@ class SoftmaxTopKRouter:
             block_m = max(1, min(64, TILE_ELEMENTS // block_e))
             launch(_softmax_topk, (-(-m // block_m),), logits, ids, weights, m, e, logits.stride(0), logits.stride(1),
                    TOP_K=self.top_k, K_POW2=self._k_pow2, RENORMALIZE=self.renormalize, BLOCK_M=block_m,
-                   BLOCK_E=block_e)  # fmt: skip
+                   BLOCK_E=block_e, SIGMOID_WEIGHT=self.sigmoid_weight)  # fmt: skip
         return ids, weights
 
     def __repr__(self) -> str:
+        if self.sigmoid_weight:
+            return "SoftmaxTopKRouter(top_k=1, sigmoid_weight=True)"
         return f"SoftmaxTopKRouter(top_k={self.top_k}, renormalize={self.renormalize})"
 
 

@@ -33,7 +33,7 @@ def from_llama4(block, dtype: torch.dtype = torch.float32) -> HFMoe:
         "Llama 4",
         router_module=router_module,
         top_k=1,
-        route=routing.sigmoid_top1,
+        route=routing.SigmoidTop1(),
         description="sigmoid_top1 (weight on the input)",
         transposed=True,
         shared=shared_of(block, dtype, "Llama 4", "shared_expert"),
