@@ -32,7 +32,7 @@ instead of running the torch ops; called, a bundle is its function.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -191,22 +191,10 @@ class GroupedTopK:
             raise InvalidInputError("correction_bias must be a 1-D tensor [E] or None")
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return grouped_topk(
-            logits,
-            self.top_k,
-            n_group=self.n_group,
-            topk_group=self.topk_group,
-            correction_bias=self.correction_bias,
-            scoring=self.scoring,
-            renormalize=self.renormalize,
-            routed_scaling_factor=self.routed_scaling_factor,
-            group_scoring=self.group_scoring,
-            renormalize_eps=self.renormalize_eps,
-            renormalize_min=self.renormalize_min,
-        )
+        return grouped_topk(logits, **{f.name: getattr(self, f.name) for f in fields(self)})  # same names
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__dataclass_fields__ if f != "correction_bias")
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "correction_bias")
         return f"GroupedTopK({shown}, correction_bias={'yes' if self.correction_bias is not None else 'no'})"
 
 
