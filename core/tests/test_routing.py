@@ -88,6 +88,11 @@ def test_grouped_topk_bundle_is_the_function_with_its_parameters():
     assert "n_group=4" in shown and "correction_bias=yes" in shown and "tensor" not in shown
     # the bias is the caller's tensor, read at each call: bundles compare by identity
     assert bundle != GroupedTopK(3, **params) and bundle == bundle
+    # what grouped_topk would refuse for a number of experts, said before any call
+    assert bundle.problem(32) == ""
+    assert bundle.problem(30) == "n_group=4 must divide the number of experts 30"
+    assert bundle.problem(64).startswith("correction_bias must be [64]")
+    assert GroupedTopK(9, n_group=4, topk_group=2).problem(16) == "top_k=9 exceeds the 8 experts in the chosen groups"
 
 
 @pytest.mark.parametrize(

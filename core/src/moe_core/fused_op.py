@@ -208,8 +208,9 @@ class FusedOp:
         return weights
 
     def router(self, routing) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-        """A fused kernel for ``routing`` (a ``moe_core.routing`` bundle: ``SoftmaxTopK``, ``GroupedTopK``) on this
-        op's device, or ``None`` (the default): the layer then routes with ``routing`` itself, in torch ops.
+        """A fused kernel for ``routing`` (a ``moe_core.routing`` bundle: ``SoftmaxTopK``, ``GroupedTopK``,
+        ``SigmoidTop1``) on this op's device, or ``None`` (the default): the layer then routes with ``routing``
+        itself, in torch ops.
 
         Why: a router in torch ops is several kernels (top-k, softmax, casts) whose launches and memory
         round trips cost as much as a small GEMM; a backend that has the whole choice in one kernel offers

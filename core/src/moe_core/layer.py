@@ -7,9 +7,10 @@
   ``HFRouter`` or any function built from ``moe_core.routing``. A router that is an ``nn.Module`` is a
   submodule (``.to()``, ``state_dict`` see it); any other callable is a plain attribute. A router that
   says what it computes — ``router.logits(x)`` and a routing bundle ``router.route`` (``HFRouter`` with
-  ``moe_core.routing.SoftmaxTopK`` or ``GroupedTopK``) — is run through the routed backend's fused kernel
-  of that bundle where the backend offers one (``FusedOp.router``; ``layer.fused_router``, checked at the door by
-  ``moe_core.fused_router``): the gate GEMM, then one kernel instead of top-k, softmax and casts.
+  ``moe_core.routing.SoftmaxTopK``, ``GroupedTopK`` or ``SigmoidTop1``) — is run through the routed
+  backend's fused kernel of that bundle where the backend offers one (``FusedOp.router``;
+  ``layer.fused_router``, checked at the door by ``moe_core.fused_router``): the gate GEMM, then one kernel
+  instead of top-k, softmax and casts.
   ``fused_routing=False`` keeps the router's own torch ops.
 - **Routed experts**: one ``MoeRunner(config, weights, backend)``; ``apply_router_weight_on_input`` (Llama 4)
   is the runner's and backend's business, the layer only passes the routing weights on.

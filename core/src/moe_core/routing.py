@@ -124,17 +124,12 @@ def grouped_topk(
         scores = torch.softmax(x, dim=-1)
     else:
         raise InvalidInputError(f"scoring must be 'sigmoid' or 'softmax', got {scoring!r}")
-    if n_group < 1 or e % n_group:
-        raise InvalidInputError(f"n_group={n_group} must divide the number of experts {e}")
-    if not 1 <= topk_group <= n_group:
-        raise InvalidInputError(f"topk_group={topk_group} must be in [1, n_group={n_group}]")
+    problem = _grouping_problem(e, top_k, n_group, topk_group, correction_bias)
+    if problem:
+        raise InvalidInputError(problem)
     per_group = e // n_group
-    if top_k > topk_group * per_group:
-        raise InvalidInputError(f"top_k={top_k} exceeds the {topk_group * per_group} experts in the chosen groups")
     choice = scores
     if correction_bias is not None:
-        if tuple(correction_bias.shape) != (e,):
-            raise InvalidInputError(f"correction_bias must be [{e}], got {list(correction_bias.shape)}")
         choice = scores + correction_bias.to(device=x.device, dtype=torch.float32)
     if n_group > 1:
         grouped = choice.view(m, n_group, per_group)
@@ -152,6 +147,19 @@ def grouped_topk(
     if renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + renormalize_eps).clamp(min=renormalize_min)
     return _out(ids, weights * routed_scaling_factor)
+
+
+def _grouping_problem(e: int, top_k: int, n_group: int, topk_group: int, correction_bias) -> str:
+    """Why ``grouped_topk`` cannot route ``e`` experts with these parameters, or ``""``."""
+    if n_group < 1 or e % n_group:
+        return f"n_group={n_group} must divide the number of experts {e}"
+    if not 1 <= topk_group <= n_group:
+        return f"topk_group={topk_group} must be in [1, n_group={n_group}]"
+    if top_k > topk_group * (e // n_group):
+        return f"top_k={top_k} exceeds the {topk_group * (e // n_group)} experts in the chosen groups"
+    if correction_bias is not None and tuple(correction_bias.shape) != (e,):
+        return f"correction_bias must be [{e}], got {list(correction_bias.shape)}"
+    return ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -192,6 +200,10 @@ class GroupedTopK:
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return grouped_topk(logits, **{f.name: getattr(self, f.name) for f in fields(self)})  # same names
+
+    def problem(self, num_experts: int) -> str:
+        """Why this bundle cannot route ``num_experts`` experts (``grouped_topk`` would raise it), or ``""``."""
+        return _grouping_problem(num_experts, self.top_k, self.n_group, self.topk_group, self.correction_bias)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "correction_bias")

@@ -98,9 +98,8 @@ class TritonFusedOp(FusedOp):
     def router(self, routing):
         """One kernel for ``SoftmaxTopK`` (the softmax families: Mixtral, Qwen, OLMoE, gpt-oss, ...),
         ``GroupedTopK`` (DeepSeek and its clones, Mistral 4, the one-group sigmoid routers) or ``SigmoidTop1``
-        (Llama 4) with at most
-        ``router.MAX_EXPERTS`` experts, unless the ``fused_router`` switch is off; ``None`` otherwise (then the
-        layer routes in torch ops)."""
+        (Llama 4) with at most ``router.MAX_EXPERTS`` experts, unless the ``fused_router`` switch is off;
+        ``None`` otherwise, and for a grouping torch would refuse (its torch ops then raise the error)."""
         from moe_core.routing import GroupedTopK, SigmoidTop1, SoftmaxTopK
         from moe_triton.switches import current_switches
 
@@ -115,12 +114,7 @@ class TritonFusedOp(FusedOp):
             return SoftmaxTopKRouter(routing.top_k, routing.renormalize)
         if type(routing) is SigmoidTop1:
             return SoftmaxTopKRouter(1, True, sigmoid_weight=True)
-        if e % routing.n_group or routing.top_k > routing.topk_group * (e // routing.n_group):
-            return None  # grouped_topk refuses it: the torch ops raise the error that names it
-        bias = routing.correction_bias
-        if bias is not None and tuple(bias.shape) != (e,):
-            return None
-        return GroupedTopKRouter(routing)
+        return None if routing.problem(e) else GroupedTopKRouter(routing)
 
     @classmethod
     def tune(cls, presets, scheme, tokens, output=None, device="cuda"):

@@ -21,7 +21,7 @@ class HFRouter:
     Logits come from the block's own gate parameters (referenced, not copied, so
     they follow the block), computed in the gate weight's dtype as the block
     does, or in float32 where the block does that (DeepSeek-V3). ``route`` is a routing bundle
-    (``moe_core.routing.SoftmaxTopK`` or ``GroupedTopK``: a layer's backend may run it as one kernel, and
+    (``moe_core.routing.SoftmaxTopK``, ``GroupedTopK``, ``SigmoidTop1``: a layer's backend may run it as one kernel, and
     its repr names the router) or any function of the logits, then named by ``description``.
     """
 

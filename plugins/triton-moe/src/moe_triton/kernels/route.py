@@ -1,5 +1,5 @@
-"""The router's choice in one kernel: softmax top-k (``moe_core.routing.SoftmaxTopK``) and grouped top-k
-(``moe_core.routing.GroupedTopK``) of router logits."""
+"""The router's choice in one kernel: softmax top-k (``moe_core.routing.SoftmaxTopK``; with sigmoid weights,
+``SigmoidTop1``) and grouped top-k (``moe_core.routing.GroupedTopK``) of router logits."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import triton
 import triton.language as tl
 
 __all__ = ["_grouped_topk", "_softmax_topk"]
+
+
+@triton.jit
+def _first_max(v, cols, BLOCK_E: tl.constexpr):
+    """Per row of ``v``: its largest value and the lowest column holding it (a NaN row: ``BLOCK_E``)."""
+    best = tl.max(v, axis=1)
+    return best, tl.min(tl.where(v == best[:, None], cols[None, :], BLOCK_E), axis=1)
 
 
 @triton.jit
@@ -33,9 +40,8 @@ def _softmax_topk(
     picked = tl.zeros([BLOCK_M, K_POW2], tl.float32)
     left = x
     for j in tl.static_range(TOP_K):
-        best = tl.max(left, axis=1)
-        # a row holding NaN matches no column: the id stays inside [0, E) (its weights are NaN)
-        idx = tl.minimum(tl.min(tl.where(left == best[:, None], cols[None, :], BLOCK_E), axis=1), E - 1)
+        best, idx = _first_max(left, cols, BLOCK_E)
+        idx = tl.minimum(idx, E - 1)  # a row holding NaN matches no column: the id stays in [0, E) (weights NaN)
         ids = tl.where(slots[None, :] == j, idx[:, None], ids)
         vals = tl.where(slots[None, :] == j, tl.exp(best - top)[:, None], vals)
         picked = tl.where(slots[None, :] == j, best[:, None], picked)  # the chosen logits themselves
@@ -51,13 +57,6 @@ def _softmax_topk(
         else:
             total = tl.sum(tl.exp(x - top[:, None]), axis=1)  # the padding columns: exp(-inf) = 0
         tl.store(weights_ptr + out, vals / total[:, None], mask=mask)
-
-
-@triton.jit
-def _first_max(v, cols, BLOCK_E: tl.constexpr):
-    """Per row of ``v``: its largest value and the lowest column holding it (a NaN row: ``BLOCK_E``)."""
-    best = tl.max(v, axis=1)
-    return best, tl.min(tl.where(v == best[:, None], cols[None, :], BLOCK_E), axis=1)
 
 
 @triton.jit
