@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import moe_core.quant.codec as codec_module
 from moe_core.config import MoeConfig
 from moe_core.errors import InvalidInputError
 from moe_core.quant import (
@@ -497,6 +498,25 @@ def test_quantize_weights_validates_and_round_trips(scheme, has_bias):
         e13, e2 = dequantize_expert(quantized, scheme, e)
         assert e13.dtype == F32 and e2.dtype == F32
         assert torch.equal(e13, w13[e]) and torch.equal(e2, w2[e])
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4", "fp8_block"])
+def test_quantize_weights_in_steps_of_experts_gives_the_same_bytes(scheme, monkeypatch):
+    """Large projections are quantized a few experts at a time (memory); the steps, an uneven last one
+    included, must not change a byte, nvfp4's per-expert global scales included."""
+    config = _config(scheme, False)
+    dense = random_canonical_weights(config, dtype=torch.bfloat16)
+    dense.w13[1] *= 40  # experts of different ranges: a global scale taken over a step would differ
+    whole = quantize_weights(dense, scheme)
+    monkeypatch.setattr(codec_module, "QUANT_STEP_ELEMENTS", 3 * dense.w13[0].numel())
+    stepped = quantize_weights(dense, scheme)
+    assert dense.w13.shape[0] % 3, "the test needs an uneven last step"
+    for name in ("w13", "w2"):
+        for field in (name, f"{name}_scale", f"{name}_global_scale"):
+            a, b = getattr(whole, field), getattr(stepped, field)
+            assert (a is None) == (b is None), field
+            if a is not None:
+                assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), field
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4", "fp8_block"])

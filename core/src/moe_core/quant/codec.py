@@ -23,6 +23,12 @@ from moe_core.weights import MoeWeights
 
 _PROJECTIONS = ("w13", "w2")
 
+#: elements of a projection quantized per step. The codecs work in float32 with temporaries of their input's
+#: size, so a whole projection at once (gpt-oss-120b's w13: 2.1 G elements) would need tens of GB on top of the
+#: weights; every scheme's blocks and global scales lie within one expert, so steps of whole experts give the
+#: same bytes.
+QUANT_STEP_ELEMENTS = 1 << 26
+
 
 class _Codec(NamedTuple):
     """A quantized scheme's element format: weights -> (codes, block scale, global scale or None) and back."""
@@ -77,12 +83,28 @@ def quantize_weights(weights: MoeWeights, scheme: str) -> MoeWeights:
         return MoeWeights(w13=cast(weights.w13), w2=cast(weights.w2), b13=cast(weights.b13), b2=cast(weights.b2))
     out = MoeWeights(w13=weights.w13, w2=weights.w2, b13=weights.b13, b2=weights.b2)
     for name in _PROJECTIONS:
-        w = getattr(weights, name)
-        q, scale, global_scale = _codec(spec).quantize(w, spec)
+        q, scale, global_scale = _quantize_by_experts(_codec(spec), getattr(weights, name), spec)
         setattr(out, name, q)
         setattr(out, f"{name}_scale", scale)
         setattr(out, f"{name}_global_scale", global_scale)
     return out
+
+
+def _quantize_by_experts(codec: _Codec, w: torch.Tensor, spec: SchemeSpec) -> tuple:
+    """``codec.quantize(w, spec)`` in steps of whole experts (``QUANT_STEP_ELEMENTS``), written into outputs
+    allocated once, so the float32 temporaries are a step's, not the projection's."""
+    experts = w.shape[0]
+    step = max(1, QUANT_STEP_ELEMENTS // max(1, w[0].numel())) if experts else 1
+    if step >= experts:
+        return codec.quantize(w, spec)
+    first = codec.quantize(w[:step], spec)
+    outs = tuple(None if t is None else t.new_empty((experts, *t.shape[1:])) for t in first)
+    for lo in range(0, experts, step):
+        part = first if lo == 0 else codec.quantize(w[lo : lo + step], spec)
+        for out, t in zip(outs, part, strict=True):
+            if out is not None:
+                out[lo : lo + step] = t
+    return outs
 
 
 def _dequantize(spec: SchemeSpec, q, scale, global_scale, dtype: torch.dtype) -> torch.Tensor:
