@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
 import sys
@@ -259,8 +260,9 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             print(json.dumps(row), flush=True)
             rows.append(row)
-        if model is not base:
-            del model
+        if model is not base:  # the patched copy's layers go, with every name still holding one of them
+            del model, block, row
+            gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     out = {
