@@ -10,10 +10,27 @@ __all__ = ["_grouped_topk", "_softmax_topk"]
 
 
 @triton.jit
-def _first_max(v, cols, BLOCK_E: tl.constexpr):
-    """Per row of ``v``: its largest value and the lowest column holding it (a NaN row: ``BLOCK_E``)."""
-    best = tl.max(v, axis=1)
-    return best, tl.min(tl.where(v == best[:, None], cols[None, :], BLOCK_E), axis=1)
+def _ordered(v):
+    """float32 -> int32 in the same signed order (-0.0 taken as +0.0): flip the magnitude bits of negatives."""
+    bits = v.to(tl.int32, bitcast=True)
+    return tl.where(v == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+
+
+@triton.jit
+def _unordered(key):
+    """``_ordered``'s inverse."""
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _first_max(v, cols, BLOCK_E: tl.constexpr, AXIS: tl.constexpr = 1):
+    """Along ``AXIS`` of ``v`` (``cols``: its column numbers, broadcast to ``v``): the largest value and the
+    lowest column holding it, from one reduction of int64 keys (the value's ordered bits above the column's
+    complement), where a max and then a min over the columns of equal values take two in a row, each a
+    round of shuffles and a barrier. A NaN counts above every number (its ids stay in range)."""
+    key = (_ordered(v).to(tl.int64) << 32) | (BLOCK_E - 1 - cols).to(tl.int64)
+    top = tl.max(key, axis=AXIS)
+    return _unordered((top >> 32).to(tl.int32)), BLOCK_E - 1 - (top & 0x7FFFFFFF).to(tl.int32)
 
 
 @triton.jit
@@ -40,8 +57,8 @@ def _softmax_topk(
     picked = tl.zeros([BLOCK_M, K_POW2], tl.float32)
     left = x
     for j in tl.static_range(TOP_K):
-        best, idx = _first_max(left, cols, BLOCK_E)
-        idx = tl.minimum(idx, E - 1)  # a row holding NaN matches no column: the id stays in [0, E) (weights NaN)
+        best, idx = _first_max(left, cols[None, :], BLOCK_E)
+        idx = tl.minimum(idx, E - 1)  # only -NaN logits rank below the padding columns' -inf: ids stay in [0, E)
         ids = tl.where(slots[None, :] == j, idx[:, None], ids)
         vals = tl.where(slots[None, :] == j, tl.exp(best - top)[:, None], vals)
         picked = tl.where(slots[None, :] == j, best[:, None], picked)  # the chosen logits themselves
@@ -82,8 +99,10 @@ def _grouped_topk(
     if SIGMOID:
         scores = tl.sigmoid(x)  # the padding columns: sigmoid(-inf) = 0
     else:
-        ex = tl.exp(x - tl.max(x, axis=1)[:, None])
-        scores = ex / tl.sum(ex, axis=1)[:, None]
+        row_max = tl.max(x, axis=1)
+        ex = tl.exp(x - row_max[:, None])
+        row_sum = tl.sum(ex, axis=1)
+        scores = ex / row_sum[:, None]
     choice = scores
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -91,29 +110,42 @@ def _grouped_topk(
     if N_GROUP > 1:
         group_of = cols // PER_GROUP  # the padding columns lie past the last group
         slots = tl.arange(0, G_POW2)
-        group_score = tl.full([BLOCK_M, G_POW2], float("-inf"), tl.float32)
-        for g in tl.static_range(N_GROUP):
-            in_g = tl.where((group_of == g)[None, :], choice, float("-inf"))
-            best, at = _first_max(in_g, cols, BLOCK_E)
+        if N_GROUP * PER_GROUP == BLOCK_E and (PER_GROUP & (PER_GROUP - 1)) == 0:
+            # the groups tile the row (DeepSeek-V3: 8 x 32): every group's best in one [BLOCK_M, G, P] reduction
+            tiles = tl.reshape(choice, [BLOCK_M, N_GROUP, PER_GROUP])
+            within = tl.arange(0, PER_GROUP)[None, None, :]
+            group_score, at = _first_max(tiles, within, PER_GROUP, 2)
             if TOP2_SUM and PER_GROUP > 1:
-                best += tl.max(tl.where(cols[None, :] == at[:, None], float("-inf"), in_g), axis=1)
-            group_score = tl.where(slots[None, :] == g, best[:, None], group_score)
+                group_score += tl.max(tl.where(within == at[:, :, None], float("-inf"), tiles), axis=2)
+        else:
+            group_score = tl.full([BLOCK_M, G_POW2], float("-inf"), tl.float32)
+            for g in tl.static_range(N_GROUP):
+                in_g = tl.where((group_of == g)[None, :], choice, float("-inf"))
+                best, at = _first_max(in_g, cols[None, :], BLOCK_E)
+                if TOP2_SUM and PER_GROUP > 1:
+                    best += tl.max(tl.where(cols[None, :] == at[:, None], float("-inf"), in_g), axis=1)
+                group_score = tl.where(slots[None, :] == g, best[:, None], group_score)
         keep = tl.zeros([BLOCK_M, BLOCK_E], tl.int1)
         for _ in tl.static_range(TOPK_GROUP):
-            _, g_best = _first_max(group_score, slots, G_POW2)
+            _, g_best = _first_max(group_score, slots[None, :], G_POW2)
             keep = keep | (group_of[None, :] == g_best[:, None])
             group_score = tl.where(slots[None, :] == g_best[:, None], float("-inf"), group_score)
         choice = tl.where(keep, choice, float("-inf"))
     slots_k = tl.arange(0, K_POW2)
     ids = tl.zeros([BLOCK_M, K_POW2], tl.int32)
-    vals = tl.zeros([BLOCK_M, K_POW2], tl.float32)
     for j in tl.static_range(TOP_K):
-        _, idx = _first_max(choice, cols, BLOCK_E)
-        idx = tl.minimum(idx, E - 1)  # a NaN row matches no column: its id stays inside [0, E)
-        hit = cols[None, :] == idx[:, None]
+        _, idx = _first_max(choice, cols[None, :], BLOCK_E)
+        idx = tl.minimum(idx, E - 1)  # as in _softmax_topk; the scores below are read at these ids
         ids = tl.where(slots_k[None, :] == j, idx[:, None], ids)
-        vals = tl.where(slots_k[None, :] == j, tl.sum(tl.where(hit, scores, 0.0), axis=1)[:, None], vals)
-        choice = tl.where(hit, float("-inf"), choice)
+        choice = tl.where(cols[None, :] == idx[:, None], float("-inf"), choice)
+    # the chosen experts' scores, recomputed from their logits as above (the same bits): a gather from the
+    # register row would be one more reduction per slot
+    x_k = tl.load(logits_ptr + src[:, None] * stride_lm + ids * stride_le).to(tl.float32)
+    if SIGMOID:
+        vals = tl.sigmoid(x_k)
+    else:
+        vals = tl.exp(x_k - row_max[:, None]) / row_sum[:, None]
+    vals = tl.where(slots_k[None, :] < TOP_K, vals, 0.0)
     if RENORMALIZE:
         vals = vals / tl.maximum(tl.sum(vals, axis=1) + eps, floor)[:, None]  # the padding slots hold 0
     out = rows.to(tl.int64)[:, None] * TOP_K + slots_k[None, :]
