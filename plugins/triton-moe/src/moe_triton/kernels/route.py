@@ -10,27 +10,12 @@ __all__ = ["_grouped_topk", "_softmax_topk"]
 
 
 @triton.jit
-def _ordered(v):
-    """float32 -> int32 in the same signed order (-0.0 taken as +0.0): flip the magnitude bits of negatives."""
-    bits = v.to(tl.int32, bitcast=True)
-    return tl.where(v == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
-
-
-@triton.jit
-def _unordered(key):
-    """``_ordered``'s inverse."""
-    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _first_max(v, cols, BLOCK_E: tl.constexpr, AXIS: tl.constexpr = 1):
     """Along ``AXIS`` of ``v`` (``cols``: its column numbers, broadcast to ``v``): the largest value and the
-    lowest column holding it, from one reduction of int64 keys (the value's ordered bits above the column's
-    complement), where a max and then a min over the columns of equal values take two in a row, each a
-    round of shuffles and a barrier. A NaN counts above every number (its ids stay in range)."""
-    key = (_ordered(v).to(tl.int64) << 32) | (BLOCK_E - 1 - cols).to(tl.int64)
-    top = tl.max(key, axis=AXIS)
-    return _unordered((top >> 32).to(tl.int32)), BLOCK_E - 1 - (top & 0x7FFFFFFF).to(tl.int32)
+    lowest column holding it (a NaN row: ``BLOCK_E``). Two reductions, not one of packed int64 keys (value bits
+    over the column): at these widths the keys' per-element work costs more than the reduction they save."""
+    best = tl.max(v, axis=AXIS)
+    return best, tl.min(tl.where(v == tl.expand_dims(best, AXIS), cols, BLOCK_E), axis=AXIS)
 
 
 @triton.jit
@@ -58,7 +43,7 @@ def _softmax_topk(
     left = x
     for j in tl.static_range(TOP_K):
         best, idx = _first_max(left, cols[None, :], BLOCK_E)
-        idx = tl.minimum(idx, E - 1)  # only -NaN logits rank below the padding columns' -inf: ids stay in [0, E)
+        idx = tl.minimum(idx, E - 1)  # a row holding NaN matches no column: the id stays in [0, E) (weights NaN)
         ids = tl.where(slots[None, :] == j, idx[:, None], ids)
         vals = tl.where(slots[None, :] == j, tl.exp(best - top)[:, None], vals)
         picked = tl.where(slots[None, :] == j, best[:, None], picked)  # the chosen logits themselves
@@ -135,7 +120,7 @@ def _grouped_topk(
     ids = tl.zeros([BLOCK_M, K_POW2], tl.int32)
     for j in tl.static_range(TOP_K):
         _, idx = _first_max(choice, cols[None, :], BLOCK_E)
-        idx = tl.minimum(idx, E - 1)  # as in _softmax_topk; the scores below are read at these ids
+        idx = tl.minimum(idx, E - 1)  # as in _softmax_topk: the scores below are read at these ids
         ids = tl.where(slots_k[None, :] == j, idx[:, None], ids)
         choice = tl.where(cols[None, :] == idx[:, None], float("-inf"), choice)
     # the chosen experts' scores, recomputed from their logits as above (the same bits): a gather from the
