@@ -260,8 +260,8 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             print(json.dumps(row), flush=True)
             rows.append(row)
-        if model is not base:  # the patched copy's layers go, with every name still holding one of them
-            del model, block, row
+        if model is not base:  # the patched copy goes, and `block`, which still holds its first layer
+            del model, block
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -123,8 +123,8 @@ def _grouped_topk(
         idx = tl.minimum(idx, E - 1)  # as in _softmax_topk: the scores below are read at these ids
         ids = tl.where(slots_k[None, :] == j, idx[:, None], ids)
         choice = tl.where(cols[None, :] == idx[:, None], float("-inf"), choice)
-    # the chosen experts' scores, recomputed from their logits as above (the same bits): a gather from the
-    # register row would be one more reduction per slot
+    # the chosen experts' scores, recomputed from their logits with the formula above (on CUDA the last bit
+    # may differ from a gather of the row's scores): a gather from the register row is one more reduction per slot
     x_k = tl.load(logits_ptr + src[:, None] * stride_lm + ids * stride_le).to(tl.float32)
     if SIGMOID:
         vals = tl.sigmoid(x_k)
