@@ -83,7 +83,7 @@ PERSISTENT = (1, 2)
 PERSISTENT_TOP = 3
 #: few-row tiles (``GemmConfig.tail_m``) tried on the fastest persistent walks, those below BLOCK_M
 TAILS = (32, 64)
-#: how many of each GEMM's fastest walks are re-timed with each tail
+#: how many of each GEMM's fastest walks are re-timed with each tail, and flattened (``GemmConfig.flatten``)
 TAIL_TOP = 2
 
 
@@ -176,8 +176,12 @@ def _launches(config, weights, inputs, block_m: int, device) -> dict:
             counters.zero_()  # each reducing program zeroes its counter again: every replay reduces
         return found
 
+    # the intermediate's rows that hold a pair: the only ones GEMM1 writes, so a candidate is judged on them
+    # alone (what an earlier, refused candidate left in the padding rows is no fault of the next one)
+    pair_rows = sorted_ids[: n_blocks * block_m] < m * k
+
     def codes():  # the quantized intermediate as the values it stands for
-        return a8.float() * a8_scale.repeat_interleave(128, dim=1)[:, :i]
+        return (a8.float() * a8_scale.repeat_interleave(128, dim=1)[:, :i])[pair_rows]
 
     def written(fn, buffer, read):
         fn.written = (buffer, read)
@@ -190,7 +194,7 @@ def _launches(config, weights, inputs, block_m: int, device) -> dict:
                                    out_scale=a8_scale, round_to=config.dtype, split=sc)  # fmt: skip
             return written(fn, "a8", codes)
         fn = functools.partial(launch.launch_gemm1, x, w13, routing, act, a, g, x_scale=x_scale, split=sc)
-        return written(fn, "a", a.float)
+        return written(fn, "a", lambda: a[pair_rows].float())
 
     def gemm2(g, split):
         fn = functools.partial(launch.launch_gemm2, a, w2, routing, y, g, split=scratch(g.block_n, split, h, h))
@@ -254,8 +258,8 @@ def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, t
     ``SPLIT_TOP`` fastest unsplit tiles, and with ``walks`` (aligned routing) the ``PERSISTENT_TOP`` fastest
     unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split), then the
     ``TAIL_TOP`` fastest walks with each few-row tile in ``tails`` (``GemmConfig.tail_m``; the caller's
-    ``TAILS`` below its BLOCK_M). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing;
-    ``timer(make, split, tiles)`` times them (``_time``)."""
+    ``TAILS`` below its BLOCK_M) and flattened (``GemmConfig.flatten``). ``warm(pairs)`` compiles (candidate,
+    split) pairs ahead of timing; ``timer(make, split, tiles)`` times them (``_time``)."""
     warm([(g, 1) for g in gemms])
     trials = {1: timer(make, 1, gemms)}
     if decode:
@@ -269,7 +273,7 @@ def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, t
         warm([(g, 1) for g in persistent])
         trials[1].update(timer(make, 1, persistent))
         fastest = sorted(persistent, key=trials[1].get)[:TAIL_TOP]
-        tailed = [replace(g, tail_m=t) for g in fastest for t in tails]
+        tailed = [replace(g, tail_m=t) for g in fastest for t in tails] + [replace(g, flatten=True) for g in fastest]
         warm([(g, 1) for g in tailed])
         trials[1].update(timer(make, 1, tailed))
     return trials
