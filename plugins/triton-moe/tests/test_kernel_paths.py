@@ -48,11 +48,11 @@ def _forward(cfg: MoeConfig, weights, x, ids, tw, kernel_config):
 
 
 def _kc(block_k: int, split_k: int, block_n: int = 32, block_m: int = 16, swap=(False, False), split2=None,
-        tma=(False, False), persistent=(0, 0), group_m=1, flatten=False):  # fmt: skip
+        tma=(False, False), persistent=(0, 0), group_m=1):  # fmt: skip
     """Explicit tiles; ``split_k`` splits both GEMMs unless ``split2`` gives GEMM2's own (GEMM1's 0 = auto
-    reaches GEMM2 as 0, which ``sanitize`` makes 1); ``persistent`` per GEMM; ``flatten`` both."""
+    reaches GEMM2 as 0, which ``sanitize`` makes 1); ``persistent`` per GEMM."""
     g1, g2 = (
-        kernel_configs.GemmConfig(block_n, block_k, group_m, 4, 2, swap_ab=s, tma=t, persistent=p, flatten=flatten)
+        kernel_configs.GemmConfig(block_n, block_k, group_m, 4, 2, swap_ab=s, tma=t, persistent=p)
         for s, t, p in zip(swap, tma, persistent, strict=True)
     )
     return kernel_configs.KernelConfig(block_m, g1, g2, split_k, split_k if split2 is None else split2)
@@ -219,61 +219,6 @@ def test_persistent_tiles_match_one_program_per_tile(scheme, m, persistent, tma,
 
 
 @pytest.mark.parametrize(
-    "scheme,m,persistent,tma,swap,block_k,block_n,block_m,act,bias,on_input,top_k,h,i",
-    [
-        ("dense", 40, (1, 1), (False, False), (False, False), 32, 32, 16, "silu", True, False, 2, 160, 96),
-        ("dense", 24, (1, 2), (True, True), (True, True), 64, 64, 16, "silu", True, True, 1, 128, 320),  # k=1
-        ("dense", 70, (2, 0), (True, True), (False, False), 32, 64, 64, "swiglu_oai", True, False, 2, 128, 64),
-        ("mxfp4", 40, (1, 1), (False, False), (True, False), 64, 64, 16, "swiglu_oai", True, False, 2, 192, 96),
-        ("mxfp4", 24, (2, 1), (False, False), (False, True), 128, 64, 32, "silu", False, False, 1, 256, 128),  # k=1
-    ],
-)
-def test_flattened_walks_match_walks(scheme, m, persistent, tma, swap, block_k, block_n, block_m, act, bias,
-                                     on_input, top_k, h, i):  # fmt: skip
-    """``GemmConfig.flatten``: a walk compiled as one loop with its tiles' K loops gives the walk's forward
-    (the same tiles and dots: the same bits under the interpreter, which runs the loops as written), with
-    the null segment's pairs zero — its tiles now run their K loop, on masked rows in GEMM1 and on rows
-    GEMM1 never wrote in GEMM2, whose sum is discarded (k == 1: GEMM2 stores those pairs' rows). A
-    one-program-per-tile GEMM ignores it (GEMM2 of the third case)."""
-    scheme = DENSE_SCHEMES[0] if scheme == "dense" else scheme
-    dtype = (FLOAT if scheme != "fp8_block" else torch.bfloat16) if scheme != "mxfp4" else HALF
-    cfg = MoeConfig(8, top_k, h, i, quant_scheme=scheme, activation=act, dtype=dtype, has_bias=bias,
-                    apply_router_weight_on_input=on_input)  # fmt: skip
-    weights = random_weights(cfg, DEVICE)
-    x, ids, tw = random_inputs(cfg, m, DEVICE)
-    ids = ids.clone()
-    ids[1] = -1  # every slot of token 1 in the null segment
-    ids[3, 0] = 8
-
-    def forward(flatten):
-        return _forward(cfg, weights, x, ids, tw, _kc(block_k, 1, block_n, block_m, swap, tma=tma,
-                                                      persistent=persistent, group_m=2, flatten=flatten))  # fmt: skip
-
-    out = forward(True)
-    err = relative_l2(out, reference_for(cfg, weights, x, ids, tw))
-    assert err <= tolerance(scheme, dtype), err
-    assert torch.equal(out[1], torch.zeros_like(out[1]))
-    walk = forward(False)
-    if CUDA:
-        assert relative_l2(out, walk) <= tolerance(scheme, dtype) / 8
-    else:
-        assert torch.equal(out, walk)
-
-
-GEMM_DEFAULT = kernel_configs.GemmConfig()
-
-
-def test_flatten_needs_a_walk_without_few_row_tiles():
-    """``flatten`` with ``tail_m`` is refused (the few-row tile is a branch Triton cannot flatten across);
-    without a walk it is ignored, as ``tail_m`` is."""
-    with pytest.raises(ValueError, match="flatten needs tail_m=0"):
-        kernel_configs.KernelConfig(128, kernel_configs.GemmConfig(tail_m=32, flatten=True), GEMM_DEFAULT)
-    flat = kernel_configs.GemmConfig(persistent=1, flatten=True)
-    assert launch._walk(flat, True)["FLATTEN"] and not launch._walk(flat, False)["FLATTEN"]
-    assert not launch._walk(kernel_configs.GemmConfig(persistent=1), True)["FLATTEN"]
-
-
-@pytest.mark.parametrize(
     "scheme,m,tail,tma,swap,block_k,block_n,block_m,act,bias,on_input,top_k,h,i",
     [
         ("dense", 70, 16, (False, False), (False, False), 32, 64, 32, "silu", True, False, 2, 160, 96),
@@ -329,25 +274,25 @@ def test_tail_m_must_be_a_power_of_two_below_block_m(tail, block_m):
 )
 def test_persistent_walks_of_the_shipped_large_tiles_match_plain_tiles_on_cuda(block_m, block_n1, block_n2, stages):
     """The walk shapes the H200 table ships at large M (64- and 128-row blocks, 8 warps, descriptor loads, 1
-    and 2 programs per SM so each walks many tiles), plain and flattened, with a bias and the null segment:
-    the forward of one program per tile. (A 256-wide GEMM1 tile of 128 rows needs more shared memory than an SM has.)"""
+    and 2 programs per SM so each walks many tiles), with a bias and the null segment: the forward of one
+    program per tile. (A 256-wide GEMM1 tile of 128 rows needs more shared memory than an SM has.)"""
     cfg = MoeConfig(8, 2, 512, 256, quant_scheme="bf16", activation="silu", dtype=torch.bfloat16, has_bias=True)
     weights = random_weights(cfg, DEVICE)
     x, ids, tw = random_inputs(cfg, 3000, DEVICE)
     ids = ids.clone()
     ids[1] = -1
 
-    def tiles(persistent, flatten=False):
-        g1, g2 = (kernel_configs.GemmConfig(bn, 64, 8, 8, stages, tma=True, persistent=persistent, flatten=flatten)
+    def tiles(persistent):
+        g1, g2 = (kernel_configs.GemmConfig(bn, 64, 8, 8, stages, tma=True, persistent=persistent)
                   for bn in (block_n1, block_n2))  # fmt: skip
         return kernel_configs.KernelConfig(block_m, g1, g2, 1, 1)
 
     plain = _forward(cfg, weights, x, ids, tw, tiles(0))
     ref = reference_for(cfg, weights, x, ids, tw)
-    for persistent, flatten in ((1, False), (2, False), (1, True), (2, True)):
-        walk = _forward(cfg, weights, x, ids, tw, tiles(persistent, flatten))
-        assert relative_l2(walk, plain) <= tolerance("bf16", torch.bfloat16) / 8, (persistent, flatten)
-        assert relative_l2(walk, ref) <= tolerance("bf16", torch.bfloat16), (persistent, flatten)
+    for persistent in (1, 2):
+        walk = _forward(cfg, weights, x, ids, tw, tiles(persistent))
+        assert relative_l2(walk, plain) <= tolerance("bf16", torch.bfloat16) / 8, persistent
+        assert relative_l2(walk, ref) <= tolerance("bf16", torch.bfloat16), persistent
         assert torch.equal(walk[1], torch.zeros_like(walk[1]))
 
 

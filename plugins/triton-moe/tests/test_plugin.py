@@ -201,7 +201,7 @@ def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks
     assert not any(g.persistent for s, t in both.items() if s > 1 for g in t)
     above = tune._trials(make, tiles, False, warmed.extend, walks=True)
     assert set(above) == {1}
-    walks = [g for g in above[1] if g.persistent and not g.flatten]  # flattened walks: the next test
+    walks = [g for g in above[1] if g.persistent]
     top = sorted(tiles, key=lambda g: cost(g, 1))[: tune.PERSISTENT_TOP]
     assert {replace(g, persistent=0) for g in walks} == set(top)
     assert {g.persistent for g in walks} == set(tune.PERSISTENT)
@@ -211,35 +211,29 @@ def test_tuner_retimes_its_fastest_tiles_split_at_decode_and_as_persistent_walks
     assert split == 1 and best.persistent == 2 and best.block_n == 256 and best.tail_m == 0
 
 
-@pytest.mark.parametrize("winner", ["tail", "flatten"])
-def test_tuner_retimes_its_fastest_walks_with_few_row_tiles_and_flattened(monkeypatch, winner):
+def test_tuner_retimes_its_fastest_walks_with_few_row_tiles(monkeypatch):
     """With ``tails`` the ``TAIL_TOP`` fastest persistent walks are re-timed with each few-row tile
-    (``GemmConfig.tail_m``) and flattened (``GemmConfig.flatten``, never with a tail), compiled ahead like
-    every candidate, and either can win; without walks neither is tried."""
+    (``GemmConfig.tail_m``), compiled ahead like every candidate, and one can win; without walks none is tried."""
     pytest.importorskip("triton")
     from moe_triton import tune
     from moe_triton.kernel_configs import GemmConfig
 
     tiles = [GemmConfig(bn, 64, 8, 4, 3) for bn in (64, 128, 256)]
 
-    def cost(g, split):  # wider is faster, walks faster, the winner fastest of all
-        bonus = (g.tail_m == 32) if winner == "tail" else g.flatten
-        return 1000 / g.block_n - (5 if g.persistent else 0) - (3 if bonus else 0) + split
+    def cost(g, split):  # wider is faster, walks faster, a 32-row tail fastest of all
+        return 1000 / g.block_n - (5 if g.persistent else 0) - (3 if g.tail_m == 32 else 0) + split
 
     monkeypatch.setattr(tune, "_bench", lambda fn: fn())
     make = lambda g, split: lambda: cost(g, split)
     warmed = []
     trials = tune._trials(make, tiles, False, warmed.extend, walks=True, tails=(32, 64))
     tailed = [g for g in trials[1] if g.tail_m]
-    flat = [g for g in trials[1] if g.flatten]
     assert len(tailed) == tune.TAIL_TOP * 2 and all(g.persistent for g in tailed)
     assert {g.tail_m for g in tailed} == {32, 64}
-    assert len(flat) == tune.TAIL_TOP and all(g.persistent and not g.tail_m for g in flat)
-    assert all((g, 1) in warmed for g in tailed + flat)
+    assert all((g, 1) in warmed for g in tailed)
     _, _, best = tune._best(trials)
-    assert best.block_n == 256 and (best.tail_m == 32 if winner == "tail" else best.flatten)
-    plain = tune._trials(make, tiles, False, warmed.extend, tails=(32,))[1]
-    assert not any(g.tail_m or g.flatten for g in plain)
+    assert best.tail_m == 32 and best.block_n == 256
+    assert not any(g.tail_m for g in tune._trials(make, tiles, False, warmed.extend, tails=(32,))[1])
 
 
 def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_tiles(monkeypatch):
@@ -296,6 +290,25 @@ def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_til
     assert gemm2 and all("block_n=64" in line for line in gemm2)
     assert any("persistent=1" in line for line in gemm2) and any("split 2" in line for line in gemm2)
     assert sum(g.block_n == 64 for g in timed) >= 4  # timed (unsplit, split, walked), then refused
+
+
+def test_tuner_judges_gemm1_candidates_on_the_rows_that_hold_pairs():
+    """What a refused candidate leaves in the intermediate's padding rows (which no GEMM1 writes) does not
+    count against the candidates timed after it: a GEMM1 launch's ``written`` reads the rows holding pairs."""
+    pytest.importorskip("triton")
+    from moe_triton import tune
+    from moe_triton.kernel_configs import GemmConfig
+
+    cfg = MoeConfig(8, 2, 64, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32)
+    weights = tune.prepare_weights_for(cfg, DEVICE)
+    fn = tune._launches(cfg, weights, tune._inputs(cfg, 20, DEVICE), 16, DEVICE)["gemm1"](GemmConfig(32, 32, 1), 1)
+    fn()
+    first = fn.written[1]().clone()
+    intermediate = fn.args[4]
+    assert first.shape[0] == 40 < intermediate.shape[0]  # 20 tokens x 2 slots, and padding rows
+    intermediate.fill_(float("nan"))  # as a refused candidate may leave it
+    fn()
+    assert torch.equal(fn.written[1](), first)
 
 
 @pytest.mark.parametrize("quantized", [False, True])

@@ -86,20 +86,19 @@ def weight_types(scheme, dt):
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
           swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False, tma=False,
           num_warps=4, up_aligned=False, prefetch=False, persistent=False, tail=0, tail_swap=False,
-          num_stages=3, flatten=False):  # fmt: skip
+          num_stages=3):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
              ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma, UP_ALIGNED=up_aligned, PREFETCH=prefetch,
-             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap, FLATTEN=flatten)  # fmt: skip
+             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}"
            f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}{'_upal' if up_aligned else ''}"
            f"{'_prefetch' if prefetch else ''}{'_persistent' if persistent else ''}"
-           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}"
-           f"{f'_flat_n{block_n}_m{block_m}_w{num_warps}' if flatten else ''}")  # fmt: skip
+           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     fp8_names = {"x_ptr"} if a_fp8 else set()
     fp8_names |= {"out_ptr"} if out_fp8 else set()
@@ -108,21 +107,19 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
           pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False, tma=False, tma_a=False,
-          num_warps=4, prefetch=False, persistent=False, tail=0, tail_swap=False, num_stages=3,
-          flatten=False):  # fmt: skip
+          num_warps=4, prefetch=False, persistent=False, tail=0, tail_swap=False, num_stages=3):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, DIRECT=direct,
              SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a, PREFETCH=prefetch,
-             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap, FLATTEN=flatten)  # fmt: skip
+             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}"
            f"{f'_tma{int(tma_a)}_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}"
            f"{'_prefetch' if prefetch else ''}{'_persistent' if persistent else ''}"
-           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}"
-           f"{f'_flat_n{block_n}_m{block_m}_w{num_warps}' if flatten else ''}")  # fmt: skip
+           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag, num_warps,
           num_stages)  # fmt: skip
@@ -237,20 +234,6 @@ def main() -> None:
     gemm2(1, True, block_n=128, block_m=64, a_fp8=True, tma=True, tma_a=True, persistent=True)
     gemm1(2, 2, True, 1, block_k=128, block_n=128, block_m=64, asm=True, swap=True, persistent=True)
     gemm2(2, True, block_k=128, block_n=128, block_m=64, asm=True, swap=True, persistent=True)
-    # walks flattened with their K loops (GemmConfig.flatten): the large bf16 tiles, MXFP4, fp8_block codes
-    for block_n1, block_n2 in ((128, 256), (128, 128)):
-        gemm1(0, 0, False, 1, block_n=block_n1, block_k=64, block_m=128, tma=True, num_warps=8, persistent=True,
-              num_stages=4, flatten=True)  # fmt: skip
-        gemm2(0, True, block_n=block_n2, block_k=64, block_m=128, tma=True, tma_a=True, num_warps=8,
-              persistent=True, num_stages=4, flatten=True)  # fmt: skip
-    gemm1(2, 2, True, 1, block_k=64, block_n=64, block_m=128, asm=True, swap=True, persistent=True, num_stages=4,
-          flatten=True)  # fmt: skip
-    gemm2(2, True, block_k=64, block_n=256, block_m=128, asm=True, swap=True, num_warps=8, persistent=True,
-          num_stages=4, flatten=True)  # fmt: skip
-    gemm1(1, 0, True, 1, block_n=128, block_m=128, a_fp8=True, out_fp8=True, up_aligned=True, tma=True,
-          num_warps=8, persistent=True, flatten=True)  # fmt: skip
-    gemm2(1, True, block_n=128, block_m=128, a_fp8=True, tma=True, tma_a=True, num_warps=8, persistent=True,
-          flatten=True)  # fmt: skip
     # few-row blocks of a walk on their own tile (GemmConfig.tail_m), at the large tiles' stage counts
     for block_n1, block_n2, stages in ((128, 256, 4), (128, 128, 4)):
         for tail, swap in ((32, True), (64, False), (16, True)):

@@ -144,13 +144,11 @@ def _grid(tiles: int, g: GemmConfig, routing: AlignedRouting, split_k: int, devi
     return tiles * split_k, False
 
 
-def _walk(g: GemmConfig, persistent: bool) -> dict:
-    """The ``TAIL_M`` / ``TAIL_SWAP`` / ``FLATTEN`` constexprs of a GEMM launch (``GemmConfig.tail_m`` and
-    ``flatten``, walks only): a tile under 64 rows swaps its operands where the weight tile fills a
-    ``wgmma``'s 64 rows."""
+def _tail(g: GemmConfig, persistent: bool) -> dict:
+    """The ``TAIL_M`` / ``TAIL_SWAP`` constexprs of a GEMM launch (``GemmConfig.tail_m``, walks only): a
+    tile under 64 rows swaps its operands where the weight tile fills a ``wgmma``'s 64 rows."""
     tail = g.tail_m if persistent else 0
-    return {"TAIL_M": tail, "TAIL_SWAP": bool(tail) and (g.swap_ab or (tail < 64 and g.block_n >= 64)),
-            "FLATTEN": persistent and g.flatten}  # fmt: skip
+    return {"TAIL_M": tail, "TAIL_SWAP": bool(tail) and (g.swap_ab or (tail < 64 and g.block_n >= 64))}
 
 
 def _split_args(split: SplitK | None, fallback: torch.Tensor):
@@ -231,7 +229,7 @@ def launch_gemm1(
         SPLIT_K=split_k, DECODE_ASM=_decode_asm(w.scheme, x, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n,
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         TMA=tma.applies(g.tma, w.scheme, w.weight), UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
-        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_walk(g, persistent),
+        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_tail(g, persistent),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -280,7 +278,7 @@ def launch_gemm2(
         DECODE_ASM=_decode_asm(w.scheme, y, switches), BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
         SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
-        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_walk(g, persistent),
+        PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_tail(g, persistent),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

@@ -83,7 +83,7 @@ PERSISTENT = (1, 2)
 PERSISTENT_TOP = 3
 #: few-row tiles (``GemmConfig.tail_m``) tried on the fastest persistent walks, those below BLOCK_M
 TAILS = (32, 64)
-#: how many of each GEMM's fastest walks are re-timed with each tail, and flattened (``GemmConfig.flatten``)
+#: how many of each GEMM's fastest walks are re-timed with each tail
 TAIL_TOP = 2
 
 
@@ -258,8 +258,8 @@ def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, t
     ``SPLIT_TOP`` fastest unsplit tiles, and with ``walks`` (aligned routing) the ``PERSISTENT_TOP`` fastest
     unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split), then the
     ``TAIL_TOP`` fastest walks with each few-row tile in ``tails`` (``GemmConfig.tail_m``; the caller's
-    ``TAILS`` below its BLOCK_M) and flattened (``GemmConfig.flatten``). ``warm(pairs)`` compiles (candidate,
-    split) pairs ahead of timing; ``timer(make, split, tiles)`` times them (``_time``)."""
+    ``TAILS`` below its BLOCK_M). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing;
+    ``timer(make, split, tiles)`` times them (``_time``)."""
     warm([(g, 1) for g in gemms])
     trials = {1: timer(make, 1, gemms)}
     if decode:
@@ -273,7 +273,7 @@ def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, t
         warm([(g, 1) for g in persistent])
         trials[1].update(timer(make, 1, persistent))
         fastest = sorted(persistent, key=trials[1].get)[:TAIL_TOP]
-        tailed = [replace(g, tail_m=t) for g in fastest for t in tails] + [replace(g, flatten=True) for g in fastest]
+        tailed = [replace(g, tail_m=t) for g in fastest for t in tails]
         warm([(g, 1) for g in tailed])
         trials[1].update(timer(make, 1, tailed))
     return trials

@@ -61,13 +61,7 @@ class GemmConfig:
     runs a ``tail_m``-row tile instead of a BLOCK_M one (swapped operands below 64 rows where BLOCK_N
     allows ``wgmma`` there). Each expert's rows end in such a block — at 1-2 blocks per expert most of
     the last one is padding — so large BLOCK_M keeps its few weight reads without computing the padding;
-    a power of two in ``[16, BLOCK_M)``.
-
-    ``flatten`` (persistent walks without ``tail_m`` only): the walk and each tile's K loop compile as one
-    loop (Triton's ``tl.range(flatten=True)``), so the software pipeline loads the next tile's first K steps
-    while this tile's epilogue runs — a tile of a short-K GEMM (GEMM2 at a small intermediate size) otherwise
-    pays a pipeline fill and drain of its own. The null segment's tiles (ids outside ``[0, E)``) then run
-    their K loop on rows whose result is discarded."""
+    a power of two in ``[16, BLOCK_M)``."""
 
     block_n: int = 64
     block_k: int = 64
@@ -78,7 +72,6 @@ class GemmConfig:
     tma: bool = False
     persistent: int = 0
     tail_m: int = 0
-    flatten: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,8 +94,6 @@ class KernelConfig:
             t = g.tail_m
             if t and (t & (t - 1) or not 16 <= t < self.block_m):
                 raise ValueError(f"{name}.tail_m={t} must be 0 or a power of two in [16, block_m={self.block_m})")
-            if g.flatten and t:  # a few-row tile is a branch around the K loop: Triton cannot flatten across it
-                raise ValueError(f"{name}.flatten needs tail_m=0, got tail_m={t}")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -176,19 +176,6 @@ def _k_slice(K, split, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _k_end(K, live, FLATTEN: tl.constexpr):
-    """Where a walk's tile ends its K loop: K, or 0 for the null segment (``live`` false: no weights to
-    read). ``FLATTEN`` (``GemmConfig.flatten``): always K. Triton fuses a walk with its tiles' K loops only
-    where the inner loop's bounds do not change from tile to tile; the null segment's tiles, rare (ids
-    outside ``[0, E)``), then run their K loop on masked or discarded rows instead."""
-    if FLATTEN:
-        end = K
-    else:
-        end = tl.where(live, K, 0)
-    return end
-
-
-@triton.jit
 def _fp8_scales1(s_ptr, xs_ptr, expert, n, n_ok, n0, N_HALF, token, row_ok, k, stride_se, stride_sn, stride_sk,
                  stride_xsm, UP_ALIGNED: tl.constexpr, A_FP8: tl.constexpr):  # fmt: skip
     """GEMM1's fp8_block scales of the K block holding column ``k``: the gate and up tiles' weight scales
@@ -377,16 +364,15 @@ def _gemm1_tile(
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, OUT_FP8: tl.constexpr,
     ROUND: tl.constexpr, TMA: tl.constexpr, UP_ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
-    FLATTEN: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of a persistent GEMM1 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
-    null segment: no K step, nothing stored; with ``FLATTEN`` its K loop runs on masked rows, see ``_k_end``)."""
+    null segment: no K step, nothing stored)."""
     row_ok = tl.where(live, row_ok, False)
     token = (pair // TOP_K).to(tl.int64)
     acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, 0,
-                              _k_end(K, live, FLATTEN), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we,
-                              stride_wn, stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM,
-                              BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
+                              tl.where(live, K, 0), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn,
+                              stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M,
+                              BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
     _gemm1_epilogue(acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit, mult_ptr, bias_ptr,
                     topk_w_ptr, out_ptr, os_ptr, stride_be, stride_bn, stride_om, stride_on, stride_osm, SCHEME,
                     ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, OUT_FP8, ROUND, TMA, BLOCK_M, BLOCK_N)  # fmt: skip
@@ -405,7 +391,6 @@ def _gemm1(
     ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
     TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False, PREFETCH: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False, TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
-    FLATTEN: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
 
@@ -443,16 +428,12 @@ def _gemm1(
     ``TAIL_M`` (with ``PERSISTENT``; 0 = off): a block whose pairs fit in its first ``TAIL_M`` rows — a
     segment's last, mostly padding — runs a ``TAIL_M``-row tile (operands swapped with ``TAIL_SWAP``) on
     the same weight tiles, so its MMAs and row loads shrink with it (``GemmConfig.tail_m``).
-
-    ``FLATTEN`` (with ``PERSISTENT``, ``TAIL_M`` 0; ``GemmConfig.flatten``): the walk and its tiles' K loops
-    are one loop to Triton (``tl.range(flatten=True)``), so its software pipeline may load the next tile's
-    first K steps while this tile's epilogue runs.
     """
     _pdl_start(PDL)
     if PERSISTENT:
         w_desc = _weight_desc(w_ptr, num_experts * 2 * N_HALF, K, stride_wn, BLOCK_N, BLOCK_K, TMA)
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N_HALF, BLOCK_M, BLOCK_N)
-        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0), flatten=FLATTEN):
+        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
             pid_m, pid_n, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
                 t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N_HALF, BLOCK_M, BLOCK_N, GROUP_M
             )
@@ -480,7 +461,7 @@ def _gemm1(
                             stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                             stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K, SCHEME, ACTIVATION,
                             HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                            A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED, PREFETCH, FLATTEN)  # fmt: skip
+                            A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
     else:
         if DIRECT:
             if tl.program_id(0) == 0:
@@ -646,17 +627,13 @@ def _gemm2_tile(
     HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
     DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr, PREFETCH: tl.constexpr,
-    FLATTEN: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of a persistent GEMM2 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
-    null segment: no K step, zeros stored only by token; with ``FLATTEN`` its K loop runs on rows GEMM1 never
-    wrote, and the sum is replaced by zeros, see ``_k_end``)."""
+    null segment: no K step, zeros stored only by token)."""
     acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
-                     _k_end(K, live, FLATTEN), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn,
-                     stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N,
-                     BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
-    if FLATTEN:
-        acc = tl.where(live, acc, 0.0)
+                     tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk,
+                     stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K,
+                     SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
     _gemm2_epilogue(acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, stride_be,
                     stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                     OUT_BY_TOKEN)  # fmt: skip
@@ -674,11 +651,10 @@ def _gemm2(
     SWAP_AB: tl.constexpr = False, A_FP8: tl.constexpr = False, DIRECT: tl.constexpr = False,
     SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
     TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
-    TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT``,
-    ``PERSISTENT``, ``TAIL_M``, ``TAIL_SWAP`` and ``FLATTEN`` as in ``_gemm1`` (the partials are
-    ``[SPLIT_K, rows, H]``).
+    ``PERSISTENT``, ``TAIL_M`` and ``TAIL_SWAP`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``).
     ``A_FP8`` (fp8_block): ``a`` holds the e4m3 codes and ``as`` the scales that GEMM1's ``OUT_FP8``
     epilogue wrote.
 
@@ -697,7 +673,7 @@ def _gemm2(
         w_desc, a_desc = _gemm2_descs(a_ptr, w_ptr, num_m, N, K, num_experts, stride_am, stride_wn, BLOCK_M, BLOCK_N,
                                       BLOCK_K, TMA, TMA_A)  # fmt: skip
         used, num_n = _persistent_tiles(offsets_ptr, num_experts, N, BLOCK_M, BLOCK_N)
-        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0), flatten=FLATTEN):
+        for t in tl.range(tl.program_id(0), used * num_n, tl.num_programs(0)):
             pid_m, _, expert, live, rows, pair, row_ok, n0, n, n_ok = _walk_tile(
                 t, used, num_n, block_expert_ptr, sorted_ptr, num_pairs, num_experts, N, BLOCK_M, BLOCK_N, GROUP_M
             )
@@ -723,7 +699,7 @@ def _gemm2(
                             stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_be,
                             stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT, OUT_BY_TOKEN,
                             PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A,
-                            PREFETCH, FLATTEN)  # fmt: skip
+                            PREFETCH)  # fmt: skip
     else:
         split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
         expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
