@@ -51,3 +51,11 @@ def test_mxfp4_k_loops_read_weight_bytes_wide_and_stage_every_load(args, mma):
     assert mma in out, out
     assert "ld.shared.v2.b8" not in out and "ld.shared.b16" not in out and "ld.shared.u8" not in out, out
     assert "ld.global" not in out, out
+
+
+def test_loop_tool_builds_a_walk_with_the_constexprs_it_does_not_name():
+    """``sm90_loop.py`` names some of the kernels' constexprs; the rest (a walk's ``TAIL_M``, ``TAIL_SWAP``)
+    take their defaults (``compile_sm90.with_defaults``) instead of being compiled as runtime arguments, which
+    the walk's few-row branch cannot build with."""
+    out = loop_of("gemm2", "PERSISTENT=True", "BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=64")
+    assert "wgmma.mma_async" in out, out

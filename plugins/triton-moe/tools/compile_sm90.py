@@ -24,12 +24,18 @@ DUMP: Path | None = None  # main(): --dump DIR
 WEIGHTS = {0: ("bf16", "bf16"), 1: ("fp8e4nv", "fp32"), 2: ("u8", "i32")}  # scheme -> (weight, scale) dtypes
 
 
-def sig_of(fn, types, constexprs):
-    """The signature; a constexpr parameter not in ``constexprs`` gets its default there (else it would be
-    compiled as a runtime argument)."""
+def with_defaults(fn, constexprs: dict) -> dict:
+    """``constexprs`` with every constexpr parameter of ``fn`` it leaves out set to its default, in place:
+    ``ASTSource`` compiles a parameter missing from its constants as a runtime argument, whatever its
+    annotation."""
     for param in fn.params:
         if param.is_constexpr and param.name not in constexprs and param.has_default:
             constexprs[param.name] = param.default
+    return constexprs
+
+
+def sig_of(fn, types, constexprs):
+    with_defaults(fn, constexprs)
     return {name: "constexpr" if name in constexprs else types(name) for name in fn.arg_names}
 
 

@@ -51,7 +51,7 @@ def constexprs(kernel: str, scheme: str, overrides: list[str]) -> dict:
 
 def build(kernel: str, scheme: str, overrides: list[str], warps: int, stages: int):
     import triton
-    from compile_sm90 import gemm_types, weight_types  # the argument types of every compiled variant
+    from compile_sm90 import gemm_types, weight_types, with_defaults  # what every compiled variant is given
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -60,7 +60,7 @@ def build(kernel: str, scheme: str, overrides: list[str], warps: int, stages: in
     fn = gemm._gemm1 if kernel == "gemm1" else gemm._gemm2
     types = gemm_types("bf16", *weight_types(SCHEMES[scheme][0], "bf16"))
     given = constexprs(kernel, scheme, overrides)
-    c = {k: v for k, v in given.items() if k in fn.arg_names}
+    c = with_defaults(fn, {k: v for k, v in given.items() if k in fn.arg_names})
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in c:
