@@ -1,10 +1,12 @@
-"""A backend's fused router (``FusedOp.router``): asked once by ``MoeLayer``, used per forward, checked at the
-door, and routed around when the plugin fails; ``SoftmaxTopK`` is ``softmax_topk`` as data."""
+"""A backend's fused router (``FusedOp.router``, and ``FusedOp.gated_router`` with the gate GEMM): asked once by
+``MoeLayer``, used per forward, checked at the door, and routed around when the plugin fails; ``SoftmaxTopK`` is
+``softmax_topk`` as data."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from moe_core import MoeConfig, MoeLayer
 from moe_core.backends.torch.fused_op import TorchFusedOp
@@ -48,6 +50,34 @@ class CountingRouterOp(TorchFusedOp):
             return ids.flip(1).contiguous(), weights.flip(1).contiguous()
 
         return kernel
+
+
+class GatedRouterOp(CountingRouterOp):
+    """``CountingRouterOp`` that also takes the gate: counts ``(M, E, has bias)`` per gated call."""
+
+    name = "gated_router"
+    gated_calls: list = []
+
+    def gated_router(self, routing):
+        def kernel(x, weight, bias):
+            type(self).gated_calls.append((x.shape[0], weight.shape[0], bias is not None))
+            return routing(F.linear(x, weight, bias))
+
+        return kernel
+
+
+class RaisingGateOp(CountingRouterOp):
+    name = "raising_gate"
+
+    def gated_router(self, routing):
+        raise RuntimeError("no gate today")
+
+
+class WrongGateOp(GatedRouterOp):
+    name = "wrong_gate"
+
+    def gated_router(self, routing):
+        return lambda x, weight, bias: tuple(t[:-1] for t in routing(F.linear(x, weight, bias)))
 
 
 class RaisingRouterOp(TorchFusedOp):
@@ -130,4 +160,46 @@ def test_a_fused_routers_result_is_checked_at_the_door(op, said):
     config, weights = _config(), random_weights(_config(), seed=2)
     layer = MoeLayer(config, weights, _router(), backend=op)
     with pytest.raises(BackendError, match=f"{op.name}.*{said}"):
+        layer(_x())
+
+
+def test_a_linear_gate_goes_to_the_backend_with_the_input_and_matches_the_logits_path():
+    config, weights = _config(), random_weights(_config(), seed=2)
+    CountingRouterOp.calls.clear()
+    GatedRouterOp.gated_calls.clear()
+    bias = torch.randn(E, generator=torch.Generator().manual_seed(5))
+    router = HFRouter(_router().weight, bias, SoftmaxTopK(K))
+    gated = MoeLayer(config, weights, router, backend=GatedRouterOp)
+    assert gated.fused_router.takes_gate
+    plain = MoeLayer(config, weights, router, backend=TorchFusedOp, fused_routing=False)
+    out = gated(_x())
+    assert GatedRouterOp.gated_calls == [(13, E, True)] and CountingRouterOp.calls == []
+    torch.testing.assert_close(out, plain(_x()), rtol=1e-6, atol=1e-6)
+    # a gate of another dtype than the input: the layer computes the logits (the router casts x) instead
+    router.weight, router.bias = router.weight.double(), bias.double()
+    gated(_x())
+    assert GatedRouterOp.gated_calls == [(13, E, True)] and CountingRouterOp.calls == [(13, E)]
+
+
+def test_float32_logits_are_not_a_gate_the_backend_may_take():
+    config, weights = _config(), random_weights(_config(), seed=2)
+    router = HFRouter(_router().weight, None, SoftmaxTopK(K), float32_logits=True)
+    assert router.gate is None
+    layer = MoeLayer(config, weights, router, backend=GatedRouterOp)
+    assert layer.fused_router is not None and not layer.fused_router.takes_gate
+
+
+def test_a_gated_router_hook_that_fails_leaves_the_logits_kernel_in_use():
+    config, weights = _config(), random_weights(_config(), seed=2)
+    with pytest.warns(RuntimeWarning, match="no gate today.*computing the gate apart"):
+        layer = MoeLayer(config, weights, _router(), backend=RaisingGateOp)
+    assert layer.fused_router is not None and not layer.fused_router.takes_gate
+    ref = MoeLayer(config, weights, _router(), backend=TorchFusedOp, fused_routing=False)
+    torch.testing.assert_close(layer(_x()), ref(_x()), rtol=1e-6, atol=1e-6)
+
+
+def test_a_gated_routers_result_is_checked_at_the_door():
+    config, weights = _config(), random_weights(_config(), seed=2)
+    layer = MoeLayer(config, weights, _router(), backend=WrongGateOp)
+    with pytest.raises(BackendError, match=r"wrong_gate.*gated router returned topk_ids as a \[12, 2\]"):
         layer(_x())

@@ -221,6 +221,18 @@ class FusedOp:
         the layer checks each result's metadata (``moe_core.fused_router``)."""
         return None
 
+    def gated_router(self, routing) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+        """The gate GEMM and ``routing`` in one kernel, or ``None`` (the default): the layer then computes the
+        logits itself and calls ``router(routing)``'s kernel on them. Asked only where ``router(routing)``
+        offered a kernel and the layer's router says its logits are a linear gate (``router.gate``).
+
+        Why: at prefill the gate GEMM (N = E, too narrow to fill the GPU) and the choice are two launches
+        and a round trip of the logits through memory. The callable takes ``(x [M, H], weight [E, H],
+        bias [E] or None)``, all of ``x``'s dtype, and returns what ``routing(F.linear(x, weight, bias))``
+        returns (the logits rounded to ``x``'s dtype as ``F.linear`` rounds them), under the same rules as
+        ``router``'s kernel; the layer reads ``router.gate`` at each call, so the kernel must not keep it."""
+        return None
+
     def apply(
         self,
         hidden_states: torch.Tensor,

@@ -10,7 +10,10 @@
   ``moe_core.routing.SoftmaxTopK``, ``GroupedTopK`` or ``SigmoidTop1``) — is run through the routed
   backend's fused kernel of that bundle where the backend offers one (``FusedOp.router``;
   ``layer.fused_router``, checked at the door by ``moe_core.fused_router``): the gate GEMM, then one kernel
-  instead of top-k, softmax and casts.
+  instead of top-k, softmax and casts. A router whose logits are a linear gate says so too —
+  ``router.gate``, ``(weight [E, H], bias [E] or None)`` read at each call, or ``None`` — and a backend
+  that also computes the gate GEMM in that kernel (``FusedOp.gated_router``) gets the input and the gate
+  instead of the logits when the input has the gate's dtype.
   ``fused_routing=False`` keeps the router's own torch ops.
 - **Routed experts**: one ``MoeRunner(config, weights, backend)``; ``apply_router_weight_on_input`` (Llama 4)
   is the runner's and backend's business, the layer only passes the routing weights on.
@@ -137,7 +140,8 @@ class MoeLayer(torch.nn.Module):
         #: the routed backend's kernel for ``router.route`` (``moe_core.fused_router``), else None (torch ops)
         self.fused_router = None
         if fused_routing and callable(getattr(router, "logits", None)) and getattr(router, "route", None) is not None:
-            self.fused_router = bind_fused_router(self.runner, router.route)
+            has_gate = getattr(router, "gate", None) is not None
+            self.fused_router = bind_fused_router(self.runner, router.route, gate=has_gate)
         self.device = self.runner.device
         self.shared_runner: MoeRunner | None = None
         self.shared_fallback: str | None = None
@@ -238,9 +242,14 @@ class MoeLayer(torch.nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The flat forward ``[M, H] -> [M, H]``, eager or under capture (``self.graphs``)."""
-        if self.fused_router is not None:
+        fused = self.fused_router
+        if fused is not None:
             with torch.no_grad():
-                topk_ids, topk_weights = self.fused_router(self.router.logits(x))
+                gate = self.router.gate if fused.takes_gate else None
+                if gate is not None and gate[0].dtype == x.dtype:
+                    topk_ids, topk_weights = fused.gated(x, *gate)
+                else:
+                    topk_ids, topk_weights = fused(self.router.logits(x))
         else:
             topk_ids, topk_weights = self.router(x)
         out = self._routed(x, topk_ids, topk_weights)

@@ -1,11 +1,12 @@
 """The fused routers (``TritonFusedOp.router``, ``kernels.route``): the softmax top-k and the grouped top-k of
-``moe_core.routing`` in one kernel each, against the torch routing; offered to layers only for what they
-compute."""
+``moe_core.routing`` in one kernel each, and the softmax top-k with the gate GEMM (``TritonFusedOp.gated_router``),
+against the torch routing; offered to layers only for what they compute."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import requires_cuda
 
 from moe_core import MoeConfig, MoeLayer
@@ -277,6 +278,104 @@ def test_grouped_kernel_runs_inside_a_cuda_graph():
     _same_grouped_choice(logits, ids, weights, routing)
 
 
+# --- the gate GEMM in the routing kernel (softmax top-k, sigmoid top-1) ---------------------------------------------
+
+
+def _gated_kernel(top_k: int, renormalize: bool = True, sigmoid_weight: bool = False):
+    from moe_triton.router import GatedSoftmaxTopKRouter
+
+    return GatedSoftmaxTopKRouter(top_k, renormalize, sigmoid_weight)
+
+
+def _same_gated_choice(x, w, b, ids, weights, top_k, renormalize, sigmoid_weight=False):
+    """The kernel's logits are its float32 sums rounded to ``x``'s dtype; the reference's are torch's float32
+    ``F.linear`` rounded the same way, and the two sums may round apart by one unit of that dtype (their
+    order differs). So: the experts chosen hold the top-k logits of the reference up to that unit, and the
+    weights match where both chose the same experts."""
+    ref_logits = F.linear(x.float(), w.float(), None if b is None else b.float())
+    ulp = 0.0 if x.dtype == torch.float32 else float(torch.finfo(x.dtype).eps) * float(ref_logits.abs().max())
+    rounded = ref_logits.to(x.dtype)
+    if sigmoid_weight:
+        ref_ids, ref_weights = sigmoid_top1(rounded)
+    else:
+        ref_ids, ref_weights = softmax_topk(rounded, top_k, renormalize)
+    m, e = ref_logits.shape
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32 and ids.shape == weights.shape == (m, top_k)
+    assert int(ids.min()) >= 0 and int(ids.max()) < e
+    assert all(len(set(row)) == top_k for row in ids.tolist())
+    chosen = ref_logits.gather(1, ids.long()).sort(1).values
+    best = ref_logits.gather(1, ref_ids.long()).sort(1).values
+    torch.testing.assert_close(chosen, best, rtol=1e-5, atol=1e-5 + ulp)
+    same = (ids.long().sort(1).values == ref_ids.long().sort(1).values).all(1)
+    assert float(same.float().mean()) >= 0.9  # near-ties of the rounded logits are rare
+    order, ref_order = ids.long().sort(1).indices, ref_ids.long().sort(1).indices
+    atol = 1e-5 if x.dtype == torch.float32 else 4 * float(torch.finfo(x.dtype).eps)
+    torch.testing.assert_close(weights.gather(1, order)[same], ref_weights.gather(1, ref_order)[same], rtol=0,
+                               atol=atol)  # fmt: skip
+    return same
+
+
+@pytest.mark.parametrize(
+    "m, num_experts, hidden, top_k",
+    [(13, 8, 64, 2), (40, 128, 200, 8), (5, 60, 256, 4), (70, 32, 96, 1), (1, 128, 512, 8)],
+)  # one row block with K split over the interpreter's two "SMs", several row blocks unsplit, K not a step multiple
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, hidden, top_k, dtype):
+    gen = torch.Generator().manual_seed(m + num_experts)
+    x = torch.randn(m, hidden, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(num_experts, hidden, generator=gen) / hidden**0.5).to(DEVICE, dtype)
+    b = torch.randn(num_experts, generator=gen).to(DEVICE, dtype)
+    for bias in (None, b):
+        for renormalize in (True, False):
+            kernel = _gated_kernel(top_k, renormalize)
+            ids, weights = kernel(x, w, bias)
+            _same_gated_choice(x, w, bias, ids, weights, top_k, renormalize)
+            # the K split's arrival counters are left zero for the next launch
+            assert all(int(c.abs().sum()) == 0 for c in kernel._counters.values())
+
+
+def test_gated_kernel_reads_strided_operands_weighs_sigmoid_top1_and_handles_no_tokens():
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 24, generator=gen).to(DEVICE).t()  # [24, 64], a column-major view
+    w = torch.randn(64, 16, generator=gen).to(DEVICE).t()  # [16, 64]
+    ids, weights = _gated_kernel(3)(x, w, None)
+    _same_gated_choice(x, w, None, ids, weights, 3, True)
+    ids, weights = _gated_kernel(1, True, sigmoid_weight=True)(x, w, None)
+    _same_gated_choice(x, w, None, ids, weights, 1, True, sigmoid_weight=True)
+    ids, weights = _gated_kernel(2)(x[:0], w, None)
+    assert ids.shape == weights.shape == (0, 2)
+
+
+def test_gated_kernel_offered_for_softmax_and_sigmoid_top1_when_both_switches_are_on():
+    from moe_triton.router import GatedSoftmaxTopKRouter
+
+    op = _op(8)
+    assert isinstance(op.gated_router(SoftmaxTopK(2, False)), GatedSoftmaxTopKRouter)
+    assert op.gated_router(SigmoidTop1()).sigmoid_weight
+    assert op.gated_router(GroupedTopK(top_k=2, n_group=1, topk_group=1)) is None
+    assert _op(512).gated_router(SoftmaxTopK(2)) is None  # wider than the kernel's accumulator
+    for off in ({"fused_gate": False}, {"fused_router": False}):
+        with switches.override(**off):
+            assert op.gated_router(SoftmaxTopK(2)) is None
+
+
+def test_layer_takes_the_gate_into_the_kernel_and_matches_torch_routing():
+    cfg = MoeConfig(8, 2, 64, 32, quant_scheme="fp32", dtype=torch.float32)
+    weights = random_weights(cfg, DEVICE, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    gate, bias = torch.randn(8, 64, generator=gen).to(DEVICE), torch.randn(8, generator=gen).to(DEVICE)
+    gated = MoeLayer(cfg, weights, HFRouter(gate, bias, SoftmaxTopK(2)), backend="triton", cuda_graph_max_tokens=0)
+    with switches.override(fused_gate=False):
+        logits_only = MoeLayer(cfg, weights, HFRouter(gate, bias, SoftmaxTopK(2)), backend="triton",
+                               cuda_graph_max_tokens=0)  # fmt: skip
+    plain = MoeLayer(cfg, weights, HFRouter(gate, bias, SoftmaxTopK(2)), backend="triton", fused_routing=False,
+                     cuda_graph_max_tokens=0)  # fmt: skip
+    assert gated.fused_router.takes_gate and not logits_only.fused_router.takes_gate
+    x = torch.randn(19, 64, generator=gen).to(DEVICE)
+    torch.testing.assert_close(gated(x), plain(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits_only(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, num_experts, top_k", [(1, 128, 8), (64, 128, 4), (2048, 128, 8), (2048, 8, 2)])
@@ -300,3 +399,35 @@ def test_kernel_runs_inside_a_cuda_graph():
     logits.copy_(torch.randn(64, 128, device="cuda", dtype=torch.bfloat16))
     graph.replay()
     _same_choice(logits, ids, weights, 8, True)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 2048])
+@pytest.mark.parametrize("num_experts, hidden, top_k, bias", [(128, 2048, 8, False), (128, 2880, 4, True)])
+def test_gated_kernel_matches_torch_routing_at_real_gate_shapes(m, num_experts, hidden, top_k, bias):
+    """Qwen3-30B-A3B's and gpt-oss-120b's gates in bf16, at decode (K split) and prefill."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, hidden, generator=gen).to("cuda", torch.bfloat16)
+    w = (torch.randn(num_experts, hidden, generator=gen) / hidden**0.5).to("cuda", torch.bfloat16)
+    b = torch.randn(num_experts, generator=gen).to("cuda", torch.bfloat16) if bias else None
+    kernel = _gated_kernel(top_k)
+    for _ in range(2):  # the second launch finds the counters the first left
+        ids, weights = kernel(x, w, b)
+        _same_gated_choice(x, w, b, ids, weights, top_k, True)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_gated_kernel_runs_inside_a_cuda_graph():
+    x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)  # one row block: the K split
+    w = torch.randn(128, 2048, device="cuda", dtype=torch.bfloat16) / 45
+    kernel = _gated_kernel(8)
+    kernel(x, w, None)  # compiled, and its counters allocated, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, weights = kernel(x, w, None)
+    for seed in range(3):
+        x.copy_(torch.randn(4, 2048, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.bfloat16))
+        graph.replay()
+        _same_gated_choice(x, w, None, ids, weights, 8, True)

@@ -116,6 +116,24 @@ class TritonFusedOp(FusedOp):
             return SoftmaxTopKRouter(1, True, sigmoid_weight=True)
         return None if routing.problem(e) else GroupedTopKRouter(routing)
 
+    def gated_router(self, routing):
+        """``router(routing)``'s softmax top-k (or ``SigmoidTop1``) with the gate GEMM in the same kernel, for at
+        most ``router.MAX_GATE_EXPERTS`` experts, unless the ``fused_gate`` switch is off; ``None`` otherwise
+        (grouped top-k: DeepSeek's gate computes float32 logits)."""
+        from moe_core.routing import SigmoidTop1, SoftmaxTopK
+        from moe_triton.switches import current_switches
+
+        sw = current_switches()
+        if type(routing) not in (SoftmaxTopK, SigmoidTop1) or not (sw.fused_router and sw.fused_gate):
+            return None
+        from moe_triton.router import MAX_GATE_EXPERTS, GatedSoftmaxTopKRouter
+
+        if self.config.num_experts > MAX_GATE_EXPERTS:
+            return None
+        if type(routing) is SigmoidTop1:
+            return GatedSoftmaxTopKRouter(1, True, sigmoid_weight=True)
+        return GatedSoftmaxTopKRouter(routing.top_k, routing.renormalize)
+
     @classmethod
     def tune(cls, presets, scheme, tokens, output=None, device="cuda"):
         """``moe tune triton``: time candidate tiles on this GPU and merge them into the user's table of this

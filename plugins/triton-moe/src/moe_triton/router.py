@@ -1,11 +1,12 @@
 """``moe_triton``'s fused routers (``TritonFusedOp.router``): softmax top-k or grouped top-k of router logits in
-one kernel.
+one kernel; softmax top-k with the gate GEMM in that kernel too (``TritonFusedOp.gated_router``).
 
 Why: routed in torch ops, a Qwen3-MoE block at 2048 tokens spends about 16 µs in ``torch.topk`` alone
 (a radix select per token) plus the softmax and the id cast — each a launch and a round trip through
 memory — for a choice that fits in one row of registers per token (``kernels.route``). DeepSeek's grouped
 top-k is a dozen torch ops (sigmoid, bias, group top-2, group top-k, scatter, mask, top-k, gather, sum,
-division, scaling, casts): at decode their launches cost more host time than the experts' GEMMs.
+division, scaling, casts): at decode their launches cost more host time than the experts' GEMMs. The gate
+GEMM itself (N = E columns: a few dozen CTAs at prefill) is one more launch and a round trip of the logits.
 """
 
 from __future__ import annotations
@@ -13,13 +14,23 @@ from __future__ import annotations
 import torch
 
 from moe_triton.fast_launch import launch
-from moe_triton.kernels.route import _grouped_topk, _softmax_topk
-from moe_triton.sizes import next_power_of_2
+from moe_triton.kernel_configs import sm_count
+from moe_triton.kernels.route import _gate_softmax_topk, _grouped_topk, _softmax_topk
+from moe_triton.sizes import cdiv, next_power_of_2
 
 #: the most experts one program's row of registers holds (``BLOCK_E``); above it the layer routes in torch
 MAX_EXPERTS = 1024
 #: logits one program holds (``BLOCK_M * BLOCK_E``): 32 tokens of 128 experts
 TILE_ELEMENTS = 4096
+#: the most experts the gated kernel holds (its float32 accumulator and the gate's K tile are ``BLOCK_E`` wide)
+MAX_GATE_EXPERTS = 256
+#: logits one program of the gated kernel accumulates: 64 tokens of 128 experts, with 8 warps
+GATE_TILE_ELEMENTS = 8192
+#: the gate's K step
+GATE_BLOCK_K = 128
+#: the SMs the gated kernel's K split assumes in the CPU interpreter (no SM count there): few, so that tests
+#: exercise both the split and the unsplit launch
+INTERPRETER_SMS = 2
 
 
 class SoftmaxTopKRouter:
@@ -48,6 +59,60 @@ class SoftmaxTopKRouter:
         if self.sigmoid_weight:
             return "SoftmaxTopKRouter(top_k=1, sigmoid_weight=True)"
         return f"SoftmaxTopKRouter(top_k={self.top_k}, renormalize={self.renormalize})"
+
+
+class GatedSoftmaxTopKRouter:
+    """``(ids, weights) = router(x [M, H], weight [E, H], bias [E] or None)``: ``SoftmaxTopKRouter`` of
+    ``F.linear(x, weight, bias)`` with the gate GEMM in the same kernel (``kernels.route._gate_softmax_topk``).
+
+    Grid: row blocks of ``BLOCK_M`` tokens, each over all E experts; where they are fewer than the SMs
+    (decode, small batches) K is split too, so that enough programs stream the gate weight. The split's
+    arrival counters (one per row block; at most the SM count of them are split) are allocated zeroed once per
+    device and left zero by each launch; the partial logits come from the caching allocator per call."""
+
+    def __init__(self, top_k: int, renormalize: bool, sigmoid_weight: bool = False) -> None:
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.sigmoid_weight = sigmoid_weight
+        self._k_pow2 = next_power_of_2(top_k)
+        self._counters: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m, h = x.shape
+        e = weight.shape[0]
+        ids = torch.empty(m, self.top_k, dtype=torch.int32, device=x.device)
+        weights = torch.empty(m, self.top_k, dtype=torch.float32, device=x.device)
+        if not m:
+            return ids, weights
+        block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
+        block_m = max(16, min(GATE_TILE_ELEMENTS // block_e, next_power_of_2(m)))
+        row_blocks = cdiv(m, block_m)
+        sms = sm_count(x.device) or INTERPRETER_SMS
+        split = max(1, min(sms // row_blocks, cdiv(h, GATE_BLOCK_K)))
+        if split > 1:
+            part = torch.empty(split, row_blocks * block_m, block_e, dtype=torch.float32, device=x.device)
+            counters = self._counters.get(x.device)
+            if counters is None:
+                counters = self._counters[x.device] = torch.zeros(sms, dtype=torch.int32, device=x.device)
+            strides = part.stride()[:2]
+        else:
+            part = counters = ids  # not read
+            strides = (0, 0)
+        launch(_gate_softmax_topk, (row_blocks, split), x, weight, weight if bias is None else bias, ids, weights,
+               part, counters, m, e, h, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), *strides,
+               TOP_K=self.top_k, K_POW2=self._k_pow2, RENORMALIZE=self.renormalize, HAS_BIAS=bias is not None,
+               SPLIT_K=split, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_E=block_e,
+               BLOCK_K=GATE_BLOCK_K, SIGMOID_WEIGHT=self.sigmoid_weight,
+               num_warps=8 if block_m * block_e >= GATE_TILE_ELEMENTS else 4,
+               num_stages=3 if block_e <= 128 else 2)  # fmt: skip
+        return ids, weights
+
+    def __repr__(self) -> str:
+        if self.sigmoid_weight:
+            return "GatedSoftmaxTopKRouter(top_k=1, sigmoid_weight=True)"
+        return f"GatedSoftmaxTopKRouter(top_k={self.top_k}, renormalize={self.renormalize})"
 
 
 class GroupedTopKRouter:

@@ -86,6 +86,14 @@ class Switches:
         "for the choice (moe_triton.router) instead of torch's top-k, softmax, group and cast ops; read when a "
         "layer is built; the same experts and weights up to float32 rounding",
     )
+    fused_gate: bool = _switch(
+        True,
+        "MOE_TRITON_FUSED_GATE",
+        "with fused_router, compute a softmax top-k layer's gate GEMM in the routing kernel too "
+        "(TritonFusedOp.gated_router) instead of a cuBLAS GEMM and a round trip of the logits; read when a "
+        "layer is built; the same experts and weights up to float32 rounding of the logits before their "
+        "rounding to the input's dtype",
+    )
     auto_split_k: bool = _switch(
         False,
         "MOE_TRITON_AUTO_SPLIT_K",

@@ -48,6 +48,13 @@ class HFRouter:
     def hidden_size(self) -> int:
         return self.weight.shape[1]
 
+    @property
+    def gate(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``(weight, bias)`` when the logits are ``F.linear(x, weight, bias)`` in the gate's dtype (a layer's
+        backend may then compute them in its routing kernel: ``FusedOp.gated_router``); ``None`` for float32
+        logits."""
+        return None if self.float32_logits else (self.weight, self.bias)
+
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Router logits ``[M, E]`` exactly as the block's gate computes them."""
         if hidden_states.shape[-1] != self.hidden_size:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_grouped_topk", "_softmax_topk"]
+from moe_triton.kernels.split import _arrive, _sum_partials
+
+__all__ = ["_gate_softmax_topk", "_grouped_topk", "_softmax_topk"]
 
 
 @triton.jit
@@ -25,16 +27,77 @@ def _softmax_topk(
     BLOCK_E: tl.constexpr, SIGMOID_WEIGHT: tl.constexpr = False,
 ):  # fmt: skip
     """``BLOCK_M`` tokens per program, all ``E`` logits of a token in one row of registers (float32, exact
-    from bf16/fp16). The k experts come out in descending order, each the lowest-numbered of equal logits;
-    ``ids`` int32 ``[M, k]`` and ``weights`` float32 ``[M, k]``: ``exp(l_j - max) / sum`` over the k chosen
-    (``RENORMALIZE``: the softmax of the k logits) or over all E (the softmax's value at the k); with
-    ``SIGMOID_WEIGHT``, ``sigmoid(l_j)`` instead (Llama 4's top-1)."""
+    from bf16/fp16); the choice as ``_choose_topk`` makes it."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
     cols = tl.arange(0, BLOCK_E)
     src = tl.minimum(rows, M - 1).to(tl.int64)  # rows past M read the last row: no -inf - -inf below
     x = tl.load(logits_ptr + src[:, None] * stride_lm + cols[None, :] * stride_le, mask=cols[None, :] < E,
                 other=float("-inf")).to(tl.float32)  # fmt: skip
+    _choose_topk(x, rows, rows < M, cols, E, ids_ptr, weights_ptr, TOP_K, K_POW2, RENORMALIZE, SIGMOID_WEIGHT,
+                 BLOCK_M, BLOCK_E)  # fmt: skip
+
+
+@triton.jit
+def _gate_softmax_topk(
+    x_ptr, w_ptr, b_ptr, ids_ptr, weights_ptr, part_ptr, count_ptr, M, E, H, stride_xm, stride_xk, stride_we,
+    stride_wk, stride_ps, stride_pm,
+    TOP_K: tl.constexpr, K_POW2: tl.constexpr, RENORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, SIGMOID_WEIGHT: tl.constexpr = False,
+):  # fmt: skip
+    """The gate GEMM and ``_softmax_topk`` in one launch: logits ``x @ w.T + b`` of ``BLOCK_M`` tokens over
+    all ``E`` experts, rounded to ``x``'s dtype as ``F.linear`` rounds them, then the same choice.
+
+    Why one launch: at prefill the gate's own GEMM (N = E, a few dozen CTAs) and the choice are two
+    kernels and a round trip of the logits for ~1 GFLOP of work. Grid ``(row blocks, SPLIT_K)``: with few
+    row blocks (decode) the K dimension is split so that more SMs stream the gate weight; each program
+    stores its float32 partial logits, and the last of a row block's programs to arrive (``kernels.split``:
+    counters zero at launch, reset by that program) sums them in split order — the same logits whichever
+    finished last — and chooses."""
+    pid_m = tl.program_id(0)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_E)
+    col_ok = cols < E
+    src = tl.minimum(rows, M - 1).to(tl.int64)  # rows past M read the last row: no -inf - -inf below
+    experts = tl.minimum(cols, E - 1).to(tl.int64)  # padding columns read the last expert; masked below
+    chunk = tl.cdiv(tl.cdiv(H, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * chunk
+    k_hi = tl.minimum(k_lo + chunk, H)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + ks
+        k_ok = k < k_hi
+        a = tl.load(x_ptr + src[:, None] * stride_xm + k[None, :] * stride_xk, mask=k_ok[None, :], other=0.0)
+        b = tl.load(w_ptr + experts[None, :] * stride_we + k[:, None] * stride_wk, mask=k_ok[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    if SPLIT_K > 1:
+        part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + cols[None, :]
+        tl.store(part + tl.program_id(1) * stride_ps, acc)
+        if _arrive(count_ptr + pid_m) < SPLIT_K - 1:
+            return
+        tl.atomic_xchg(count_ptr + pid_m, 0)  # zero again for the next launch on this buffer
+        acc = _sum_partials(part, cols[None, :] < BLOCK_E, stride_ps, SPLIT_K, BLOCK_M, BLOCK_E)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # F.linear's output dtype
+    logits = tl.where(col_ok[None, :], logits, float("-inf"))
+    _choose_topk(logits, rows, rows < M, cols, E, ids_ptr, weights_ptr, TOP_K, K_POW2, RENORMALIZE, SIGMOID_WEIGHT,
+                 BLOCK_M, BLOCK_E)  # fmt: skip
+
+
+@triton.jit
+def _choose_topk(x, rows, row_ok, cols, E, ids_ptr, weights_ptr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+                 RENORMALIZE: tl.constexpr, SIGMOID_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_E: tl.constexpr):  # fmt: skip
+    """Softmax top-k of the float32 logits ``x`` ``[BLOCK_M, BLOCK_E]`` (``-inf`` in the columns past ``E``)
+    of the tokens ``rows``. The k experts come out in descending order, each the lowest-numbered of equal
+    logits; ``ids`` int32 ``[M, k]`` and ``weights`` float32 ``[M, k]``: ``exp(l_j - max) / sum`` over the k
+    chosen (``RENORMALIZE``: the softmax of the k logits) or over all E (the softmax's value at the k); with
+    ``SIGMOID_WEIGHT``, ``sigmoid(l_j)`` instead (Llama 4's top-1)."""
     top = tl.max(x, axis=1)
     slots = tl.arange(0, K_POW2)
     ids = tl.zeros([BLOCK_M, K_POW2], tl.int32)
