@@ -466,6 +466,7 @@ def triton_against_unpatched() -> dict:
         out[case] = {
             "backends": [report.replaced[0].backend, report.replaced[0].shared_backend],
             "routing": report.replaced[0].routing,
+            "gate": [m.fused_router.takes_gate for m in patched.modules() if isinstance(m, PatchedMoeBlock)],
             "error": relative_l2(logits(patched, ids), logits(model, ids)),
         }
     return out
@@ -478,6 +479,8 @@ def test_triton_backend_matches_unpatched(tmp_path):
         shared = None if case == "mixtral" else "triton"
         assert result[case]["backends"] == ["triton", shared], result
         assert result[case]["routing"] == "triton", result  # softmax / grouped top-k in moe-triton's one kernel
+        # softmax top-k takes the gate GEMM into that kernel too; DeepSeek-V3's float32 logits stay apart
+        assert result[case]["gate"] == [case != "deepseek_v3"], result
         # fp32 end to end: the layers' own tolerance (1e-4 relative L2) bounds the logits' too
         assert result[case]["error"] <= tolerance("fp32", torch.float32), result
 
