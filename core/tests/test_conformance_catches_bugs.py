@@ -60,11 +60,43 @@ BUGGY = {
             y = super().apply(hidden_states, topk_ids, topk_weights, prepared, out)
             return y.add_(torch.randn_like(y) * 1e-3 * y.abs().max().clamp(min=1))
     """,
+    # a router that routes in torch, and its gated form: right (the suite must pass it)
+    "goodrouter": """
+        def router(self, routing):
+            return routing
+        def gated_router(self, routing):
+            import torch.nn.functional as F
+            return lambda x, weight, bias: routing(F.linear(x, weight, bias))
+    """,
+    # picks the k experts with the lowest logits
+    "lowrouter": """
+        def router(self, routing):
+            return lambda logits: routing(-logits)
+    """,
+    # the gated router drops the gate's bias
+    "gatenobias": """
+        def router(self, routing):
+            return routing
+        def gated_router(self, routing):
+            import torch.nn.functional as F
+            return lambda x, weight, bias: routing(F.linear(x, weight))
+    """,
+    # the gated hook raises: a layer would warn and route on the logits, the suite fails the case
+    "raisinggate": """
+        def router(self, routing):
+            return routing
+        def gated_router(self, routing):
+            raise RuntimeError("gate kernel missing")
+    """,
 }
 
 
 def run_kind(site, name, kinds):
     site.add(f"moe-{name}", name, body=BUGGY[name])
+    return run_installed(site, name, kinds)
+
+
+def run_installed(site, name, kinds):
     conf = Conformance(name, "cpu", registry=site.registry())
     return {c.id: conf.run(c) for c in all_cases() if c.kind in kinds}
 
@@ -133,6 +165,20 @@ def test_summary_counts():
     assert counts == {"passed": 2, "failed": 1, "skipped": 1}
 
 
-@pytest.mark.parametrize("kind", ["reference", "bias", "shapes", "bad_input"])
+def test_a_right_router_passes_and_wrong_ones_fail(site):
+    good = run_kind(site, "goodrouter", {"router"})
+    good_gated = run_installed(site, "goodrouter", {"gated_router"})  # (a case's id is its route: one kind a dict)
+    for results in (good, good_gated):
+        assert len(results) == 4 and {r.status for r in results.values()} == {PASSED}, results
+    low = run_kind(site, "lowrouter", {"router"})
+    assert all(r.status == FAILED and "are not the top" in r.reason for r in low.values()), low
+    assert {r.status for r in run_installed(site, "lowrouter", {"gated_router"}).values()} == {SKIPPED}  # none
+    nobias = run_kind(site, "gatenobias", {"gated_router"})
+    assert {r.status for r in nobias.values()} == {FAILED}
+    raising = run_kind(site, "raisinggate", {"gated_router"})
+    assert all(r.status == FAILED and "gate kernel missing" in r.reason for r in raising.values())
+
+
+@pytest.mark.parametrize("kind", ["reference", "bias", "shapes", "bad_input", "router", "gated_router"])
 def test_every_kind_has_cases(kind):
     assert any(c.kind == kind for c in all_cases())

@@ -44,6 +44,8 @@ class Case:
     shape: str = "default"
     #: bad-input variant for kind == "bad_input"
     bad: str = ""
+    #: routing bundle for kind "router" / "gated_router" (``ROUTES``)
+    route: str = ""
 
     @property
     def id(self) -> str:
@@ -54,6 +56,8 @@ class Case:
             parts.append(self.shape)
         if self.bad:
             parts.append(self.bad)
+        if self.route:
+            parts = [self.route]
         return "-".join(parts)
 
 
@@ -100,7 +104,26 @@ def all_cases() -> list[Case]:
     cases += [Case(scheme=scheme, **spec) for spec in per_scheme for scheme in SCHEMES]
     for bad in ("dtype", "ids_dtype", "shape", "device", "expert_range", "out_dtype", "out_overlap"):
         cases.append(Case("bad_input", "auto", bad=bad))
+    cases += [Case(kind, "auto", route=route) for kind in ("router", "gated_router") for route in ROUTES]
     return cases
+
+
+#: the routing bundles a backend's fused router (``FusedOp.router`` / ``gated_router``) is checked on
+ROUTES = ("softmax", "softmax_all", "sigmoid_top1", "grouped")
+
+
+def _routing(route: str, num_experts: int, top_k: int, device):
+    from moe_core.routing import GroupedTopK, SigmoidTop1, SoftmaxTopK
+
+    if route == "softmax":
+        return SoftmaxTopK(top_k)
+    if route == "softmax_all":  # the weights are the softmax over all E at the k
+        return SoftmaxTopK(top_k, renormalize=False)
+    if route == "sigmoid_top1":
+        return SigmoidTop1()
+    bias = torch.rand(num_experts, generator=torch.Generator().manual_seed(7)).to(device) * 0.1
+    return GroupedTopK(top_k, n_group=num_experts // 2, topk_group=2, routed_scaling_factor=2.5,
+                       correction_bias=bias)  # fmt: skip
 
 
 def cases_of(kind: str) -> list[Case]:
@@ -301,6 +324,72 @@ class Conformance:
             raise AssertionError("a token whose every id is -1 got a non-zero output")
         return self._compare(cfg, weights, x, ids, tw, out)
 
+    def _fused_router(self, case: Case):
+        """(config, routing bundle, the backend's ``FusedRouter``) for a router case, or _Skip: no scheme
+        usable here, or no kernel offered for the bundle. A hook that raises (warned about by the layer, which
+        then routes in torch) fails the case."""
+        import warnings
+
+        from moe_core.fused_router import bind
+
+        cfg = self._any_config(case)
+        _, runner = self._layer(cfg)
+        routing = _routing(case.route, cfg.num_experts, cfg.top_k, self.device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fused = bind(runner, routing, gate=case.kind == "gated_router")
+        problems = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        if problems:
+            raise AssertionError(problems[0])
+        if fused is None:
+            raise _Skip(f"{self.backend} offers no fused router for {routing!r}")
+        if case.kind == "gated_router" and not fused.takes_gate:
+            raise _Skip(f"{self.backend} offers no gated router for {routing!r}")
+        return cfg, routing, fused
+
+    def _any_config(self, case: Case) -> MoeConfig:
+        """The first scheme's config (with a dtype) the backend accepts here, or _Skip."""
+        declined = []
+        for scheme in SCHEMES:
+            try:
+                return self._supported_config(replace(case, scheme=scheme))
+            except _Skip as skip:
+                declined.append(str(skip))
+        raise _Skip(f"no scheme is usable on {self.device}; first reason: {declined[0]}")
+
+    def _run_router(self, case: Case):
+        """``FusedOp.router``'s kernel on logits of the activation dtype against the bundle itself, at
+        ``large_tokens`` rows (partial tiles) and at none."""
+        cfg, routing, fused = self._fused_router(case)
+        gen = torch.Generator().manual_seed(self.seed + 2)
+        for m in (self.large_tokens, 0):
+            logits = (torch.randn(m, cfg.num_experts, generator=gen) * 2).to(self.device, cfg.dtype)
+            ids, weights = fused(logits)
+            ref_ids, ref_weights = routing(logits)
+            _check_choice(ids, weights, ref_ids, ref_weights, _ranked_scores(routing, logits), m, routing.top_k,
+                          slack=1e-6, atol=1e-5)  # fmt: skip
+
+    def _run_gated_router(self, case: Case):
+        """``FusedOp.gated_router``'s kernel on ``(x, gate weight, bias)`` against the bundle on torch's
+        ``F.linear`` logits rounded to the activation dtype. The kernel sums in another order, so its logits
+        may round one unit of that dtype apart: the choice is checked within that unit."""
+        import torch.nn.functional as F
+
+        cfg, routing, fused = self._fused_router(case)
+        gen = torch.Generator().manual_seed(self.seed + 3)
+        h, e, dtype = cfg.hidden_size, cfg.num_experts, cfg.dtype
+        weight = (torch.randn(e, h, generator=gen) * h**-0.5 * 2).to(self.device, dtype)
+        bias = torch.randn(e, generator=gen).to(self.device, dtype)
+        eps = 0.0 if dtype == torch.float32 else float(torch.finfo(dtype).eps)
+        for m, b in ((self.large_tokens, None), (self.large_tokens, bias), (0, None)):
+            x = torch.randn(m, h, generator=gen).to(self.device, dtype)
+            ids, weights = fused.gated(x, weight, b)
+            exact = F.linear(x.float(), weight.float(), None if b is None else b.float())
+            ref_ids, ref_weights = routing(exact.to(dtype))
+            slack = 1e-5 + eps * float(exact.abs().max()) if m else 0.0
+            _check_choice(ids, weights, ref_ids, ref_weights, _ranked_scores(routing, exact), m, routing.top_k,
+                          slack=slack, atol=1e-5 + 4 * eps)  # fmt: skip
+
     def _run_bad_input(self, case: Case):
         op = self.fused_op()
         declined = []
@@ -346,6 +435,47 @@ class Conformance:
             f"bad input '{case.bad}' was accepted by {op.__name__} and returned a "
             f"{list(result.shape)} tensor instead of raising InvalidInputError"
         )
+
+
+def _check_choice(ids, weights, ref_ids, ref_weights, scores, m: int, top_k: int, slack: float, atol: float) -> None:
+    """A fused router's ``(ids, weights)`` against the bundle's ``(ref_ids, ref_weights)``. Equal (or, for a
+    gated router, one-rounding-apart) ``scores`` may resolve to either expert, so: the ids are distinct and in
+    range, the chosen experts' ``scores`` (the float32 quantity the bundle ranks) sorted equal the bundle's
+    within ``slack``, and where both chose the same experts their weights agree within ``atol``."""
+    e = scores.shape[1]
+    for what, t, dtype in (("topk_ids", ids, torch.int32), ("topk_weights", weights, torch.float32)):
+        if tuple(t.shape) != (m, top_k) or t.dtype != dtype:
+            raise AssertionError(f"{what} is {list(t.shape)} {t.dtype}, expected [{m}, {top_k}] {dtype}")
+    if not m:
+        return
+    if int(ids.min()) < 0 or int(ids.max()) >= e:
+        raise AssertionError(f"expert ids outside [0, {e})")
+    if bool((ids.long().sort(1).values.diff(dim=1) == 0).any()):
+        raise AssertionError("a token was given the same expert twice")
+    chosen = scores.gather(1, ids.long()).sort(1).values
+    best = scores.gather(1, ref_ids.long()).sort(1).values
+    worst = float((chosen - best).abs().max())
+    if worst > slack:
+        raise AssertionError(f"the experts chosen are not the top {top_k}: their scores differ by up to {worst:.3g}")
+    order, ref_order = ids.long().sort(1), ref_ids.long().sort(1)
+    same = (order.values == ref_order.values).all(1)
+    if float(same.float().mean()) < 0.9:
+        raise AssertionError(f"only {float(same.float().mean()):.0%} of the tokens got the bundle's experts")
+    diff = (weights.gather(1, order.indices) - ref_weights.gather(1, ref_order.indices))[same].abs()
+    if diff.numel() and float(diff.max()) > atol:
+        raise AssertionError(f"routing weights differ from the bundle's by up to {float(diff.max()):.3g}")
+
+
+def _ranked_scores(routing, logits: torch.Tensor) -> torch.Tensor:
+    """What ``routing`` ranks the experts by, in float32: the logits (softmax is monotonic), or grouped
+    top-k's biased scores."""
+    from moe_core.routing import GroupedTopK
+
+    x = logits.float()
+    if type(routing) is not GroupedTopK:
+        return x
+    scores = x.sigmoid() if routing.scoring == "sigmoid" else torch.softmax(x, dim=-1)
+    return scores if routing.correction_bias is None else scores + routing.correction_bias.float()
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

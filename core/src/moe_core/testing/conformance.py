@@ -103,3 +103,14 @@ class BackendConformance:
     def test_bad_input(self, conformance, case):
         """Bad input raises InvalidInputError, never returns garbage."""
         self.check_case(conformance, case)
+
+    @_param("router")
+    def test_router(self, conformance, case):
+        """The backend's fused router (``FusedOp.router``), where it offers one, chooses what the bundle does."""
+        self.check_case(conformance, case)
+
+    @_param("gated_router")
+    def test_gated_router(self, conformance, case):
+        """The backend's gate-and-route kernel (``FusedOp.gated_router``), where it offers one, chooses what the
+        bundle does on ``F.linear``'s logits."""
+        self.check_case(conformance, case)
