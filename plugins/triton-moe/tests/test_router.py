@@ -334,6 +334,22 @@ def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, h
             assert all(int(c.abs().sum()) == 0 for c in kernel._counters.values())
 
 
+def test_gated_kernel_splits_k_over_several_row_blocks(monkeypatch):
+    """Each row block has its own arrival counter: 40 tokens in three 16-row blocks, K split in two or more
+    (on the CPU, as if the interpreter had 8 SMs)."""
+    from moe_triton import router
+
+    monkeypatch.setattr(router, "INTERPRETER_SMS", 8)
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(40, 384, generator=gen).to(DEVICE)
+    w = (torch.randn(32, 384, generator=gen) / 20).to(DEVICE)
+    kernel = _gated_kernel(4)
+    for _ in range(2):
+        ids, weights = kernel(x, w, None)
+        _same_gated_choice(x, w, None, ids, weights, 4, True)
+    assert kernel._counters and all(int(c.abs().sum()) == 0 for c in kernel._counters.values())  # split, reset
+
+
 def test_gated_kernel_reads_strided_operands_weighs_sigmoid_top1_and_handles_no_tokens():
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(64, 24, generator=gen).to(DEVICE).t()  # [24, 64], a column-major view

@@ -28,6 +28,8 @@ MAX_GATE_EXPERTS = 256
 GATE_TILE_ELEMENTS = 8192
 #: the gate's K step
 GATE_BLOCK_K = 128
+#: up to this many tokens the gated kernel takes 16-row blocks (split over K to fill the SMs)
+GATE_SPLIT_ROWS = 256
 #: the SMs the gated kernel's K split assumes in the CPU interpreter (no SM count there): few, so that tests
 #: exercise both the split and the unsplit launch
 INTERPRETER_SMS = 2
@@ -87,7 +89,9 @@ class GatedSoftmaxTopKRouter:
         if not m:
             return ids, weights
         block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
-        block_m = max(16, min(GATE_TILE_ELEMENTS // block_e, next_power_of_2(m)))
+        # 16-row blocks (the MMA's least) up to GATE_SPLIT_ROWS tokens, so that the K split's last program
+        # sums few partials; past that, wide blocks read the gate weight fewer times
+        block_m = 16 if m <= GATE_SPLIT_ROWS else max(16, GATE_TILE_ELEMENTS // block_e)
         row_blocks = cdiv(m, block_m)
         sms = sm_count(x.device) or INTERPRETER_SMS
         split = max(1, min(sms // row_blocks, cdiv(h, GATE_BLOCK_K)))

@@ -74,13 +74,14 @@ def _gate_softmax_topk(
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-    if SPLIT_K > 1:
+    if SPLIT_K > 1:  # only rows < M move through memory: at decode most of the block is padding
         part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + cols[None, :]
-        tl.store(part + tl.program_id(1) * stride_ps, acc)
+        part_ok = (rows < M)[:, None] & (cols[None, :] < BLOCK_E)
+        tl.store(part + tl.program_id(1) * stride_ps, acc, mask=part_ok)
         if _arrive(count_ptr + pid_m) < SPLIT_K - 1:
             return
         tl.atomic_xchg(count_ptr + pid_m, 0)  # zero again for the next launch on this buffer
-        acc = _sum_partials(part, cols[None, :] < BLOCK_E, stride_ps, SPLIT_K, BLOCK_M, BLOCK_E)
+        acc = _sum_partials(part, part_ok, stride_ps, SPLIT_K, BLOCK_M, BLOCK_E)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # F.linear's output dtype
