@@ -334,6 +334,19 @@ def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, h
             assert all(int(c.abs().sum()) == 0 for c in kernel._counters.values())
 
 
+@pytest.mark.parametrize("num_experts", [2, 8, 16, 60, 128, 256])
+def test_gated_tiles_fit_an_sm90_in_shared_memory_at_every_size(num_experts):
+    """The interpreter has no shared-memory limit: the tiles' pipelined K stages (x rows and gate rows, 2 bytes
+    each) must fit the 227 KiB of an H100/H200 SM on their own, with room for the reduction's scratch."""
+    from moe_triton.router import GATE_BLOCK_K, gate_tiles
+
+    for m in (1, 16, 17, 256, 257, 259, 2048, 65536):
+        t = gate_tiles(m, num_experts, 2048, 132)
+        stages = t.num_stages * (t.block_m + t.block_e) * GATE_BLOCK_K * 2
+        assert stages <= 200 * 1024, (m, t)
+        assert t.block_m in (16, 32, 64) and t.block_e >= max(16, num_experts) and 1 <= t.split <= 16
+
+
 def test_gated_kernel_splits_k_over_several_row_blocks(monkeypatch):
     """Each row block has its own arrival counter: 40 tokens in three 16-row blocks, K split in two or more
     (on the CPU, as if the interpreter had 8 SMs)."""

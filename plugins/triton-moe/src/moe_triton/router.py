@@ -11,6 +11,8 @@ GEMM itself (N = E columns: a few dozen CTAs at prefill) is one more launch and 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from moe_triton.fast_launch import launch
@@ -30,6 +32,9 @@ GATE_TILE_ELEMENTS = 8192
 GATE_BLOCK_K = 128
 #: up to this many tokens the gated kernel takes 16-row blocks (split over K to fill the SMs)
 GATE_SPLIT_ROWS = 256
+#: the widest row block: its K tiles (``BLOCK_M x GATE_BLOCK_K``, pipelined) must fit in shared memory beside
+#: the gate's even for few experts
+GATE_MAX_ROWS = 64
 #: the SMs the gated kernel's K split assumes in the CPU interpreter (no SM count there): few, so that tests
 #: exercise both the split and the unsplit launch
 INTERPRETER_SMS = 2
@@ -63,6 +68,28 @@ class SoftmaxTopKRouter:
         return f"SoftmaxTopKRouter(top_k={self.top_k}, renormalize={self.renormalize})"
 
 
+class GateTiles(NamedTuple):
+    """One launch shape of the gated kernel (``gate_tiles``)."""
+
+    block_m: int
+    block_e: int
+    split: int
+    num_warps: int
+    num_stages: int
+
+
+def gate_tiles(m: int, e: int, h: int, sms: int) -> GateTiles:
+    """The gated kernel's tiles for ``m`` tokens, ``e`` experts, ``h`` hidden on ``sms`` SMs. Rows: 16 (the
+    MMA's least) up to ``GATE_SPLIT_ROWS`` tokens, so that the K split's last program sums few partials;
+    past that, wider blocks (at most ``GATE_MAX_ROWS``, at most ``GATE_TILE_ELEMENTS`` logits) read the gate
+    weight fewer times. K is split where the row blocks are fewer than the SMs."""
+    block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
+    block_m = 16 if m <= GATE_SPLIT_ROWS else max(16, min(GATE_MAX_ROWS, GATE_TILE_ELEMENTS // block_e))
+    split = max(1, min(sms // cdiv(m, block_m), cdiv(h, GATE_BLOCK_K)))
+    return GateTiles(block_m, block_e, split, 8 if block_m * block_e >= GATE_TILE_ELEMENTS else 4,
+                     3 if block_e <= 128 else 2)  # fmt: skip
+
+
 class GatedSoftmaxTopKRouter:
     """``(ids, weights) = router(x [M, H], weight [E, H], bias [E] or None)``: ``SoftmaxTopKRouter`` of
     ``F.linear(x, weight, bias)`` with the gate GEMM in the same kernel (``kernels.route._gate_softmax_topk``).
@@ -88,13 +115,9 @@ class GatedSoftmaxTopKRouter:
         weights = torch.empty(m, self.top_k, dtype=torch.float32, device=x.device)
         if not m:
             return ids, weights
-        block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
-        # 16-row blocks (the MMA's least) up to GATE_SPLIT_ROWS tokens, so that the K split's last program
-        # sums few partials; past that, wide blocks read the gate weight fewer times
-        block_m = 16 if m <= GATE_SPLIT_ROWS else max(16, GATE_TILE_ELEMENTS // block_e)
-        row_blocks = cdiv(m, block_m)
         sms = sm_count(x.device) or INTERPRETER_SMS
-        split = max(1, min(sms // row_blocks, cdiv(h, GATE_BLOCK_K)))
+        block_m, block_e, split, num_warps, num_stages = gate_tiles(m, e, h, sms)
+        row_blocks = cdiv(m, block_m)
         if split > 1:
             part = torch.empty(split, row_blocks * block_m, block_e, dtype=torch.float32, device=x.device)
             counters = self._counters.get(x.device)
@@ -109,8 +132,7 @@ class GatedSoftmaxTopKRouter:
                TOP_K=self.top_k, K_POW2=self._k_pow2, RENORMALIZE=self.renormalize, HAS_BIAS=bias is not None,
                SPLIT_K=split, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_E=block_e,
                BLOCK_K=GATE_BLOCK_K, SIGMOID_WEIGHT=self.sigmoid_weight,
-               num_warps=8 if block_m * block_e >= GATE_TILE_ELEMENTS else 4,
-               num_stages=3 if block_e <= 128 else 2)  # fmt: skip
+               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
         return ids, weights
 
     def __repr__(self) -> str:
