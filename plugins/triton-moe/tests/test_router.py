@@ -317,8 +317,9 @@ def _same_gated_choice(x, w, b, ids, weights, top_k, renormalize, sigmoid_weight
 
 @pytest.mark.parametrize(
     "m, num_experts, hidden, top_k",
-    [(13, 8, 64, 2), (40, 128, 200, 8), (5, 60, 256, 4), (70, 32, 96, 1), (1, 128, 512, 8)],
-)  # one row block with K split over the interpreter's two "SMs", several row blocks unsplit, K not a step multiple
+    [(13, 8, 64, 2), (40, 128, 200, 8), (5, 60, 256, 4), (70, 32, 96, 1), (1, 128, 512, 8), (300, 16, 64, 2)],
+)  # one row block with K split over the interpreter's two "SMs", several row blocks unsplit, K not a step
+# multiple, and past GATE_MAX_TOKENS (cuBLAS's logits and the logits kernel)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, hidden, top_k, dtype):
     gen = torch.Generator().manual_seed(m + num_experts)
@@ -338,13 +339,14 @@ def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, h
 def test_gated_tiles_fit_an_sm90_in_shared_memory_at_every_size(num_experts):
     """The interpreter has no shared-memory limit: the tiles' pipelined K stages (x rows and gate rows, 2 bytes
     each) must fit the 227 KiB of an H100/H200 SM on their own, with room for the reduction's scratch."""
-    from moe_triton.router import GATE_BLOCK_K, gate_tiles
+    from moe_triton.router import GATE_BLOCK_K, GATE_BLOCK_M, GATE_MAX_TOKENS, gate_tiles
 
-    for m in (1, 16, 17, 256, 257, 259, 2048, 65536):
-        t = gate_tiles(m, num_experts, 2048, 132)
-        stages = t.num_stages * (t.block_m + t.block_e) * GATE_BLOCK_K * 2
-        assert stages <= 200 * 1024, (m, t)
-        assert t.block_m in (16, 32, 64) and t.block_e >= max(16, num_experts) and 1 <= t.split <= 16
+    for m in (1, 16, 17, 200, GATE_MAX_TOKENS):
+        for h in (64, 2048, 7168):
+            t = gate_tiles(m, num_experts, h, 132)
+            assert t.num_stages * (GATE_BLOCK_M + t.block_e) * GATE_BLOCK_K * 2 <= 200 * 1024, (m, t)
+            assert t.block_e >= max(16, num_experts) and 1 <= t.split <= -(-h // GATE_BLOCK_K), (m, h, t)
+            assert t.split == 1 or -(-m // GATE_BLOCK_M) * t.split <= 132  # counters: one per SM at most
 
 
 def test_gated_kernel_splits_k_over_several_row_blocks(monkeypatch):

@@ -290,21 +290,20 @@ def main() -> None:
         build(route._softmax_topk, route_types, rc, f"softmax_topk E={e} k={k} renormalize={renormalize}")
     rc = dict(TOP_K=1, K_POW2=1, RENORMALIZE=True, BLOCK_M=32, BLOCK_E=128, SIGMOID_WEIGHT=True)  # Llama 4 Maverick
     build(route._softmax_topk, route_types, rc, "sigmoid_top1 E=128")
-    # the gate GEMM in the router: Qwen3 (no bias) and gpt-oss (bias) at prefill (64-row blocks, 8 warps,
-    # unsplit) and decode (16 rows, K split), Llama 4's sigmoid top-1, an fp32 gate (IEEE dot), E=256
-    for dt, e, k, bias, block_m, split, sigmoid in (
-        ("bf16", 128, 8, False, 64, 1, False), ("bf16", 128, 4, True, 16, 16, False),
-        ("bf16", 128, 1, False, 64, 4, True), ("fp32", 8, 2, False, 16, 2, False),
-        ("bf16", 256, 8, False, 32, 1, False),
+    # the gate GEMM in the router (16-row blocks, up to 256 tokens): Qwen3 (no bias) and gpt-oss (bias) at
+    # decode (K split) and at 256 tokens (unsplit), Llama 4's sigmoid top-1, an fp32 gate (IEEE dot), E=256
+    for dt, e, k, bias, split, sigmoid in (
+        ("bf16", 128, 8, False, 8, False), ("bf16", 128, 4, True, 16, False), ("bf16", 128, 8, False, 1, False),
+        ("bf16", 128, 1, False, 4, True), ("fp32", 8, 2, False, 2, False), ("bf16", 256, 8, False, 16, False),
     ):  # fmt: skip
         pointers = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "ids_ptr": "*i32", "weights_ptr": "*fp32",
                     "part_ptr": "*fp32", "count_ptr": "*i32"}  # fmt: skip
         types = lambda n, p=pointers: p.get(n, "i32")
         block_e = max(16, e)
-        rc = dict(TOP_K=k, K_POW2=k, RENORMALIZE=True, HAS_BIAS=bias, SPLIT_K=split, IEEE=dt == "fp32",
-                  BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_K=128, SIGMOID_WEIGHT=sigmoid)  # fmt: skip
-        build(route._gate_softmax_topk, types, rc, f"gate_softmax_topk {dt} E={e} k={k} rows={block_m} split={split}",
-              num_warps=8 if block_m * block_e >= 8192 else 4, num_stages=3 if block_e <= 128 else 2)  # fmt: skip
+        rc = dict(TOP_K=k, K_POW2=k, RENORMALIZE=True, HAS_BIAS=bias, SPLIT_K=split, IEEE=dt == "fp32", BLOCK_M=16,
+                  BLOCK_E=block_e, BLOCK_K=128, SIGMOID_WEIGHT=sigmoid)  # fmt: skip
+        build(route._gate_softmax_topk, types, rc, f"gate_softmax_topk {dt} E={e} k={k} split={split}",
+              num_stages=3 if block_e <= 128 else 2)  # fmt: skip
     # the grouped router: DeepSeek-V3 (fp32 logits, bias, 8 groups of 32, 4 kept, top 8), DeepSeek-V2 (160
     # experts in 8 groups of 20: not a power of two; softmax, groups by their best), MiniMax-M2 (one group)
     for dt, e, k, groups, kept, sigmoid, bias in (

@@ -371,7 +371,8 @@ class Conformance:
 
     def _run_gated_router(self, case: Case):
         """``FusedOp.gated_router``'s kernel on ``(x, gate weight, bias)`` against the bundle on torch's
-        ``F.linear`` logits rounded to the activation dtype. The kernel sums in another order, so its logits
+        ``F.linear`` logits rounded to the activation dtype, at ``tokens`` and ``large_tokens`` rows (a backend
+        may take either path by size) and at none. The kernel sums in another order, so its logits
         may round one unit of that dtype apart: the choice is checked within that unit."""
         import torch.nn.functional as F
 
@@ -381,7 +382,7 @@ class Conformance:
         weight = (torch.randn(e, h, generator=gen) * h**-0.5 * 2).to(self.device, dtype)
         bias = torch.randn(e, generator=gen).to(self.device, dtype)
         eps = 0.0 if dtype == torch.float32 else float(torch.finfo(dtype).eps)
-        for m, b in ((self.large_tokens, None), (self.large_tokens, bias), (0, None)):
+        for m, b in ((self.tokens, None), (self.tokens, bias), (self.large_tokens, bias), (0, None)):
             x = torch.randn(m, h, generator=gen).to(self.device, dtype)
             ids, weights = fused.gated(x, weight, b)
             exact = F.linear(x.float(), weight.float(), None if b is None else b.float())

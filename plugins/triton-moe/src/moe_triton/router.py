@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from moe_triton.fast_launch import launch
 from moe_triton.kernel_configs import sm_count
@@ -26,15 +27,13 @@ MAX_EXPERTS = 1024
 TILE_ELEMENTS = 4096
 #: the most experts the gated kernel holds (its float32 accumulator and the gate's K tile are ``BLOCK_E`` wide)
 MAX_GATE_EXPERTS = 256
-#: logits one program of the gated kernel accumulates: 64 tokens of 128 experts, with 8 warps
-GATE_TILE_ELEMENTS = 8192
 #: the gate's K step
 GATE_BLOCK_K = 128
-#: up to this many tokens the gated kernel takes 16-row blocks (split over K to fill the SMs)
-GATE_SPLIT_ROWS = 256
-#: the widest row block: its K tiles (``BLOCK_M x GATE_BLOCK_K``, pipelined) must fit in shared memory beside
-#: the gate's even for few experts
-GATE_MAX_ROWS = 64
+#: the gated kernel's row block: the MMA's least, so that the K split's last program sums few partials
+GATE_BLOCK_M = 16
+#: the most tokens the gated kernel takes; past them cuBLAS's gate GEMM and ``SoftmaxTopKRouter`` are faster
+#: (measured: results/README.md, "the gate GEMM in the routing kernel")
+GATE_MAX_TOKENS = 256
 #: the SMs the gated kernel's K split assumes in the CPU interpreter (no SM count there): few, so that tests
 #: exercise both the split and the unsplit launch
 INTERPRETER_SMS = 2
@@ -71,33 +70,30 @@ class SoftmaxTopKRouter:
 class GateTiles(NamedTuple):
     """One launch shape of the gated kernel (``gate_tiles``)."""
 
-    block_m: int
     block_e: int
     split: int
-    num_warps: int
     num_stages: int
 
 
 def gate_tiles(m: int, e: int, h: int, sms: int) -> GateTiles:
-    """The gated kernel's tiles for ``m`` tokens, ``e`` experts, ``h`` hidden on ``sms`` SMs. Rows: 16 (the
-    MMA's least) up to ``GATE_SPLIT_ROWS`` tokens, so that the K split's last program sums few partials;
-    past that, wider blocks (at most ``GATE_MAX_ROWS``, at most ``GATE_TILE_ELEMENTS`` logits) read the gate
-    weight fewer times. K is split where the row blocks are fewer than the SMs."""
+    """The gated kernel's tiles for ``m`` tokens (at most ``GATE_MAX_TOKENS``), ``e`` experts, ``h`` hidden on
+    ``sms`` SMs: ``GATE_BLOCK_M``-row blocks over all experts, K split where those blocks are fewer than the
+    SMs (at most one split per K step)."""
     block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
-    block_m = 16 if m <= GATE_SPLIT_ROWS else max(16, min(GATE_MAX_ROWS, GATE_TILE_ELEMENTS // block_e))
-    split = max(1, min(sms // cdiv(m, block_m), cdiv(h, GATE_BLOCK_K)))
-    return GateTiles(block_m, block_e, split, 8 if block_m * block_e >= GATE_TILE_ELEMENTS else 4,
-                     3 if block_e <= 128 else 2)  # fmt: skip
+    split = max(1, min(sms // cdiv(m, GATE_BLOCK_M), cdiv(h, GATE_BLOCK_K)))
+    return GateTiles(block_e, split, 3 if block_e <= 128 else 2)
 
 
 class GatedSoftmaxTopKRouter:
     """``(ids, weights) = router(x [M, H], weight [E, H], bias [E] or None)``: ``SoftmaxTopKRouter`` of
-    ``F.linear(x, weight, bias)`` with the gate GEMM in the same kernel (``kernels.route._gate_softmax_topk``).
+    ``F.linear(x, weight, bias)`` with the gate GEMM in the same kernel (``kernels.route._gate_softmax_topk``)
+    up to ``GATE_MAX_TOKENS`` tokens, where one launch beats two; past them, ``F.linear`` and
+    ``SoftmaxTopKRouter``.
 
-    Grid: row blocks of ``BLOCK_M`` tokens, each over all E experts; where they are fewer than the SMs
-    (decode, small batches) K is split too, so that enough programs stream the gate weight. The split's
-    arrival counters (one per row block; at most the SM count of them are split) are allocated zeroed once per
-    device and left zero by each launch; the partial logits come from the caching allocator per call."""
+    Grid: row blocks of ``GATE_BLOCK_M`` tokens, each over all E experts, with K split so that enough programs
+    stream the gate weight. The split's arrival counters (one per row block: at most the SM count) are
+    allocated zeroed once per device and left zero by each launch; the partial logits come from the caching
+    allocator per call."""
 
     def __init__(self, top_k: int, renormalize: bool, sigmoid_weight: bool = False) -> None:
         self.top_k = top_k
@@ -105,21 +101,24 @@ class GatedSoftmaxTopKRouter:
         self.sigmoid_weight = sigmoid_weight
         self._k_pow2 = next_power_of_2(top_k)
         self._counters: dict[torch.device, torch.Tensor] = {}
+        self._logits_router = SoftmaxTopKRouter(top_k, renormalize, sigmoid_weight)
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         m, h = x.shape
+        if m > GATE_MAX_TOKENS:
+            return self._logits_router(F.linear(x, weight, bias))
         e = weight.shape[0]
         ids = torch.empty(m, self.top_k, dtype=torch.int32, device=x.device)
         weights = torch.empty(m, self.top_k, dtype=torch.float32, device=x.device)
         if not m:
             return ids, weights
         sms = sm_count(x.device) or INTERPRETER_SMS
-        block_m, block_e, split, num_warps, num_stages = gate_tiles(m, e, h, sms)
-        row_blocks = cdiv(m, block_m)
+        block_e, split, num_stages = gate_tiles(m, e, h, sms)
+        row_blocks = cdiv(m, GATE_BLOCK_M)
         if split > 1:
-            part = torch.empty(split, row_blocks * block_m, block_e, dtype=torch.float32, device=x.device)
+            part = torch.empty(split, row_blocks * GATE_BLOCK_M, block_e, dtype=torch.float32, device=x.device)
             counters = self._counters.get(x.device)
             if counters is None:
                 counters = self._counters[x.device] = torch.zeros(sms, dtype=torch.int32, device=x.device)
@@ -130,9 +129,9 @@ class GatedSoftmaxTopKRouter:
         launch(_gate_softmax_topk, (row_blocks, split), x, weight, weight if bias is None else bias, ids, weights,
                part, counters, m, e, h, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), *strides,
                TOP_K=self.top_k, K_POW2=self._k_pow2, RENORMALIZE=self.renormalize, HAS_BIAS=bias is not None,
-               SPLIT_K=split, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_E=block_e,
+               SPLIT_K=split, IEEE=x.dtype == torch.float32, BLOCK_M=GATE_BLOCK_M, BLOCK_E=block_e,
                BLOCK_K=GATE_BLOCK_K, SIGMOID_WEIGHT=self.sigmoid_weight,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+               num_stages=num_stages)  # fmt: skip
         return ids, weights
 
     def __repr__(self) -> str:

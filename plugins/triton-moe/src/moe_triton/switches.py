@@ -89,10 +89,10 @@ class Switches:
     fused_gate: bool = _switch(
         True,
         "MOE_TRITON_FUSED_GATE",
-        "with fused_router, compute a softmax top-k layer's gate GEMM in the routing kernel too "
-        "(TritonFusedOp.gated_router) instead of a cuBLAS GEMM and a round trip of the logits; read when a "
-        "layer is built; the same experts and weights up to float32 rounding of the logits before their "
-        "rounding to the input's dtype",
+        "with fused_router, compute a softmax top-k layer's gate GEMM in the routing kernel too, up to "
+        "router.GATE_MAX_TOKENS tokens (TritonFusedOp.gated_router), instead of a cuBLAS GEMM and a round trip "
+        "of the logits; read when a layer is built; the same experts and weights up to float32 rounding of the "
+        "logits before their rounding to the input's dtype",
     )
     auto_split_k: bool = _switch(
         False,

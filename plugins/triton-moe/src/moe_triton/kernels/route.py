@@ -48,12 +48,11 @@ def _gate_softmax_topk(
     """The gate GEMM and ``_softmax_topk`` in one launch: logits ``x @ w.T + b`` of ``BLOCK_M`` tokens over
     all ``E`` experts, rounded to ``x``'s dtype as ``F.linear`` rounds them, then the same choice.
 
-    Why one launch: at prefill the gate's own GEMM (N = E, a few dozen CTAs) and the choice are two
-    kernels and a round trip of the logits for ~1 GFLOP of work. Grid ``(row blocks, SPLIT_K)``: with few
-    row blocks (decode) the K dimension is split so that more SMs stream the gate weight; each program
-    stores its float32 partial logits, and the last of a row block's programs to arrive (``kernels.split``:
-    counters zero at launch, reset by that program) sums them in split order — the same logits whichever
-    finished last — and chooses."""
+    Why one launch: at decode and small batches the gate's own GEMM (N = E) and the choice are two
+    launches around a few µs of work. Grid ``(row blocks, SPLIT_K)``: with few row blocks the K dimension is
+    split so that more SMs stream the gate weight; each program stores its float32 partial logits (rows
+    < M), and the last of a row block's programs to arrive (``kernels.split``: counters zero at launch, reset
+    by that program) sums them in split order — the same logits whichever finished last — and chooses."""
     pid_m = tl.program_id(0)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_E)
