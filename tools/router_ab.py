@@ -2,7 +2,7 @@
 (``FusedOp.gated_router``: "gated", where the routing has one), with the routing kernel on cuBLAS's logits
 (``FusedOp.router``, the ``fused_gate`` switch off: "fused") and routing in torch ops (``fused_routing=False``:
 "torch") — same weights, gate and inputs, one process — for Qwen3-30B-A3B (bf16), gpt-oss-120b (bf16, mxfp4;
-softmax top-k) and DeepSeek-V3 at TP8 (bf16; grouped top-k of float32 logits with a correction bias) at M = 1, 64, 2048:
+softmax top-k) and DeepSeek-V3 at TP8 (bf16; grouped top-k of float32 logits with a correction bias) at M = 1, 64, 256, 2048:
 µs per CUDA-graph replay and eager wall (medians), the router alone each way (gate GEMM included), the
 outputs' relative L2 against "torch" and the share of tokens given the same experts (bf16 logits tie often,
 so not always 1).
@@ -86,7 +86,7 @@ for name, scheme in cases:
     del w
     assert layers["fused"].fused_router is not None and layers["torch"].fused_router is None
     assert not layers["fused"].fused_router.takes_gate and layers["gated"].fused_router.takes_gate != deepseek
-    for m in (1, 64, 2048):
+    for m in (1, 64, 256, 2048):
         x = torch.randn(m, cfg.hidden_size, device=dev, dtype=torch.bfloat16)
         row = {"preset": name, "scheme": scheme, "M": m}
         with torch.no_grad():
