@@ -2,10 +2,10 @@
 (``FusedOp.gated_router``: "gated", where the routing has one), with the routing kernel on cuBLAS's logits
 (``FusedOp.router``, the ``fused_gate`` switch off: "fused") and routing in torch ops (``fused_routing=False``:
 "torch") — same weights, gate and inputs, one process — for Qwen3-30B-A3B (bf16), gpt-oss-120b (bf16, mxfp4;
-softmax top-k) and DeepSeek-V3 at TP8 (bf16; grouped top-k of float32 logits with a correction bias) at M = 1, 64, 256, 2048:
-µs per CUDA-graph replay and eager wall (medians), the router alone each way (gate GEMM included), the
-outputs' relative L2 against "torch" and the share of tokens given the same experts (bf16 logits tie often,
-so not always 1).
+softmax top-k) and DeepSeek-V3 at TP8 (bf16; grouped top-k of float32 logits with a correction bias) at
+M = 1, 64, 256, 2048: µs per CUDA-graph replay and eager wall (medians), the router alone each way (gate
+GEMM included), the outputs' relative L2 against "torch" and the share of tokens given the same experts
+(bf16 logits tie often, so not always 1).
 
     python tools/router_ab.py --json router_ab.json [--cases deepseek-v3-tp8:bf16,qwen3-30b-a3b:bf16]
 """
