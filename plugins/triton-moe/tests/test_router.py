@@ -319,7 +319,7 @@ def _same_gated_choice(x, w, b, ids, weights, top_k, renormalize, sigmoid_weight
     "m, num_experts, hidden, top_k",
     [(13, 8, 64, 2), (40, 128, 200, 8), (5, 60, 256, 4), (70, 32, 96, 1), (1, 128, 512, 8), (300, 16, 64, 2)],
 )  # one row block with K split over the interpreter's two "SMs", several row blocks unsplit, K not a step
-# multiple, and past GATE_MAX_TOKENS (cuBLAS's logits and the logits kernel)
+# multiple, and past the gate_max_tokens switch's 256 (cuBLAS's logits and the logits kernel)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, hidden, top_k, dtype):
     gen = torch.Generator().manual_seed(m + num_experts)
@@ -339,14 +339,31 @@ def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, h
 def test_gated_tiles_fit_an_sm90_in_shared_memory_at_every_size(num_experts):
     """The interpreter has no shared-memory limit: the tiles' pipelined K stages (x rows and gate rows, 2 bytes
     each) must fit the 227 KiB of an H100/H200 SM on their own, with room for the reduction's scratch."""
-    from moe_triton.router import GATE_BLOCK_K, GATE_BLOCK_M, GATE_MAX_TOKENS, gate_tiles
+    from moe_triton.router import GATE_BLOCK_K, GATE_BLOCK_M, gate_tiles
 
-    for m in (1, 16, 17, 200, GATE_MAX_TOKENS):
+    for m in (1, 16, 17, 200, 256, 4096):
         for h in (64, 2048, 7168):
             t = gate_tiles(m, num_experts, h, 132)
             assert t.num_stages * (GATE_BLOCK_M + t.block_e) * GATE_BLOCK_K * 2 <= 200 * 1024, (m, t)
             assert t.block_e >= max(16, num_experts) and 1 <= t.split <= -(-h // GATE_BLOCK_K), (m, h, t)
             assert t.split == 1 or -(-m // GATE_BLOCK_M) * t.split <= 132  # counters: one per SM at most
+
+
+def test_gate_max_tokens_switch_sends_larger_batches_to_the_logits_path(monkeypatch):
+    from moe_triton import router
+
+    calls, linear = [], F.linear
+    monkeypatch.setattr(router.F, "linear", lambda *a: calls.append(a[0].shape[0]) or linear(*a))
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(20, 64, generator=gen).to(DEVICE)
+    w = torch.randn(8, 64, generator=gen).to(DEVICE)
+    kernel = _gated_kernel(2)
+    for limit, logits_path in ((256, False), (19, True), (20, False), (0, True)):
+        calls.clear()
+        with switches.override(gate_max_tokens=limit):
+            ids, weights = kernel(x, w, None)
+        assert calls == ([20] if logits_path else []), limit
+        _same_gated_choice(x, w, None, ids, weights, 2, True)
 
 
 def test_gated_kernel_splits_k_over_several_row_blocks(monkeypatch):

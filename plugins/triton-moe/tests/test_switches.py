@@ -61,6 +61,7 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
         "fast_launch": ("MOE_TRITON_FAST_LAUNCH", True),
         "fused_router": ("MOE_TRITON_FUSED_ROUTER", True),
         "fused_gate": ("MOE_TRITON_FUSED_GATE", True),
+        "gate_max_tokens": ("MOE_TRITON_GATE_MAX_TOKENS", 256),
         "auto_split_k": ("MOE_TRITON_AUTO_SPLIT_K", False),
     }
     assert switches.from_environ({}) == switches.Switches()

@@ -20,6 +20,7 @@ from moe_triton.fast_launch import launch
 from moe_triton.kernel_configs import sm_count
 from moe_triton.kernels.route import _gate_softmax_topk, _grouped_topk, _softmax_topk
 from moe_triton.sizes import cdiv, next_power_of_2
+from moe_triton.switches import current_switches
 
 #: the most experts one program's row of registers holds (``BLOCK_E``); above it the layer routes in torch
 MAX_EXPERTS = 1024
@@ -31,9 +32,6 @@ MAX_GATE_EXPERTS = 256
 GATE_BLOCK_K = 128
 #: the gated kernel's row block: the MMA's least, so that the K split's last program sums few partials
 GATE_BLOCK_M = 16
-#: the most tokens the gated kernel takes; past them cuBLAS's gate GEMM and ``SoftmaxTopKRouter`` are faster
-#: (measured: results/README.md, "the gate GEMM in the routing kernel")
-GATE_MAX_TOKENS = 256
 #: the SMs the gated kernel's K split assumes in the CPU interpreter (no SM count there): few, so that tests
 #: exercise both the split and the unsplit launch
 INTERPRETER_SMS = 2
@@ -76,7 +74,7 @@ class GateTiles(NamedTuple):
 
 
 def gate_tiles(m: int, e: int, h: int, sms: int) -> GateTiles:
-    """The gated kernel's tiles for ``m`` tokens (at most ``GATE_MAX_TOKENS``), ``e`` experts, ``h`` hidden on
+    """The gated kernel's tiles for ``m`` tokens, ``e`` experts, ``h`` hidden on
     ``sms`` SMs: ``GATE_BLOCK_M``-row blocks over all experts, K split where those blocks are fewer than the
     SMs (at most one split per K step)."""
     block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
@@ -87,8 +85,8 @@ def gate_tiles(m: int, e: int, h: int, sms: int) -> GateTiles:
 class GatedSoftmaxTopKRouter:
     """``(ids, weights) = router(x [M, H], weight [E, H], bias [E] or None)``: ``SoftmaxTopKRouter`` of
     ``F.linear(x, weight, bias)`` with the gate GEMM in the same kernel (``kernels.route._gate_softmax_topk``)
-    up to ``GATE_MAX_TOKENS`` tokens, where one launch beats two; past them, ``F.linear`` and
-    ``SoftmaxTopKRouter``.
+    up to the ``gate_max_tokens`` switch's tokens, where one launch beats two (results/README.md, "the gate
+    GEMM in the routing kernel"); past them, ``F.linear`` and ``SoftmaxTopKRouter``.
 
     Grid: row blocks of ``GATE_BLOCK_M`` tokens, each over all E experts, with K split so that enough programs
     stream the gate weight. The split's arrival counters (one per row block: at most the SM count) are
@@ -107,7 +105,7 @@ class GatedSoftmaxTopKRouter:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         m, h = x.shape
-        if m > GATE_MAX_TOKENS:
+        if m > current_switches().gate_max_tokens:
             return self._logits_router(F.linear(x, weight, bias))
         e = weight.shape[0]
         ids = torch.empty(m, self.top_k, dtype=torch.int32, device=x.device)

@@ -90,9 +90,15 @@ class Switches:
         True,
         "MOE_TRITON_FUSED_GATE",
         "with fused_router, compute a softmax top-k layer's gate GEMM in the routing kernel too, up to "
-        "router.GATE_MAX_TOKENS tokens (TritonFusedOp.gated_router), instead of a cuBLAS GEMM and a round trip "
+        "gate_max_tokens tokens (TritonFusedOp.gated_router), instead of a cuBLAS GEMM and a round trip "
         "of the logits; read when a layer is built; the same experts and weights up to float32 rounding of the "
         "logits before their rounding to the input's dtype",
+    )
+    gate_max_tokens: int = _switch(
+        256,
+        "MOE_TRITON_GATE_MAX_TOKENS",
+        "the most tokens the gated router (fused_gate) computes in its one kernel; more take cuBLAS's gate GEMM "
+        "and the logits kernel; read at each call",
     )
     auto_split_k: bool = _switch(
         False,
