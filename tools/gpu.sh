@@ -32,6 +32,9 @@ Always written:
                      (nvidia-smi), nvcc, python/torch/CUDA/triton versions, the moe packages and flashinfer
   $OUT/install.txt   what was installed (pip install --no-deps --no-build-isolation -e, and .whl/ wheels)
   $OUT/summary.txt   one line per step: status, seconds, folder; also printed last
+  $OUT/out.tar.gz    every file above and below, packed, when they are more than the device tool brings
+                     back (8 files, 3 levels deep); machine.txt and summary.txt stay beside it. GPU_PACK=1
+                     packs always, GPU_PACK=0 never
   $OUT/<step>/log.txt  everything the step printed
 
 Steps (default limit in seconds):
@@ -492,4 +495,5 @@ done
 echo
 echo "=== summary ($OUT; $(($(date +%s) - START)) s; machine.txt has the versions and the command)"
 cat "$OUT/summary.txt"
+gpu_pack_out "$OUT"
 exit $FAILED

@@ -13,6 +13,8 @@
 #   gpu_install_wheels     .whl/*.whl -> $SITE (pip --target); gpu_install_editable FOLDER...: pip -e
 #   gpu_versions           GPU, nvcc, python/torch/CUDA/triton/capability, the moe packages and flashinfer
 #   gpu_summarize_check FILE   one line for a `moe check --json` file, and its failed cases
+#   gpu_pack_out DIR       DIR's files in one DIR/out.tar.gz (machine.txt and summary.txt left beside it) when
+#                          the device tool would not bring them all back (GPU_PACK: auto, 1 always, 0 never)
 #   gpu_slim_in_place      the slim FlashInfer library where moe-flashinfer-mxfp4 looks for it: built here, or
 #                          copied from a carried .slim/*.so (an earlier slim-build's file); exit 1 when neither
 set -uo pipefail
@@ -123,4 +125,25 @@ gpu_slim_in_place() {  # FLASHINFER_WORKSPACE_BASE decides where the library is 
     mkdir -p "$(dirname "$lib")" && cp .slim/*.so "$lib" && echo "using the carried slim library -> $lib"
   fi
   [ -f "$lib" ]
+}
+
+# ---------------------------------------------------------------- what comes back
+
+#: the most files the device tool brings back from $OUT, and how deep (DIR/a/b/file comes back, DIR/a/b/c/file not)
+GPU_BACK_FILES=8
+GPU_BACK_DEPTH=3
+
+gpu_pack_out() {  # DIR: past GPU_BACK_FILES files or GPU_BACK_DEPTH levels, one archive instead (see the top)
+  local dir=$1 mode=${GPU_PACK:-auto} count deep
+  count=$(find "$dir" -type f | wc -l)
+  deep=$(find "$dir" -mindepth $((GPU_BACK_DEPTH + 1)) -type f | wc -l)
+  case $mode in
+    0) return 0 ;;
+    auto) [ "$count" -gt "$GPU_BACK_FILES" ] || [ "$deep" -gt 0 ] || return 0 ;;
+  esac
+  (cd "$dir" && find . -type f ! -path ./out.tar.gz -print0 | tar --null -czf out.tar.gz -T -) || return 1
+  find "$dir" -mindepth 1 -depth ! -path "$dir/out.tar.gz" ! -path "$dir/machine.txt" ! -path "$dir/summary.txt" \
+    -delete
+  echo "packed $count files into $dir/out.tar.gz (the device tool brings back at most $GPU_BACK_FILES, $GPU_BACK_DEPTH" \
+    "levels down): tar -xzf out.tar.gz"
 }
