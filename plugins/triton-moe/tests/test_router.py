@@ -339,11 +339,12 @@ def test_gated_kernel_matches_torch_routing_of_the_gate_logits(m, num_experts, h
 def test_gated_tiles_fit_an_sm90_in_shared_memory_at_every_size(num_experts):
     """The interpreter has no shared-memory limit: the tiles' pipelined K stages (x rows and gate rows, 2 bytes
     each) must fit the 227 KiB of an H100/H200 SM on their own, with room for the reduction's scratch."""
-    from moe_triton.router import GATE_BLOCK_K, GATE_BLOCK_M, gate_tiles
+    from moe_triton.router import GATE_BLOCK_K, GATE_BLOCK_M, gate_chunk, gate_tiles
 
     for m in (1, 16, 17, 200, 256, 4096):
-        for h in (64, 2048, 7168):
+        for h in (64, 2048, 2880, 7168):
             t = gate_tiles(m, num_experts, h, 132)
+            assert (t.split - 1) * gate_chunk(h, t.split) < h <= t.split * gate_chunk(h, t.split), (m, h, t)
             assert t.num_stages * (GATE_BLOCK_M + t.block_e) * GATE_BLOCK_K * 2 <= 200 * 1024, (m, t)
             assert t.block_e >= max(16, num_experts) and 1 <= t.split <= -(-h // GATE_BLOCK_K), (m, h, t)
             assert t.split == 1 or -(-m // GATE_BLOCK_M) * t.split <= 132  # counters: one per SM at most

@@ -76,10 +76,16 @@ class GateTiles(NamedTuple):
 def gate_tiles(m: int, e: int, h: int, sms: int) -> GateTiles:
     """The gated kernel's tiles for ``m`` tokens, ``e`` experts, ``h`` hidden on
     ``sms`` SMs: ``GATE_BLOCK_M``-row blocks over all experts, K split where those blocks are fewer than the
-    SMs (at most one split per K step)."""
+    SMs, into slices of whole K steps, none empty."""
     block_e = max(16, next_power_of_2(e))  # tl.dot needs N >= 16
     split = max(1, min(sms // cdiv(m, GATE_BLOCK_M), cdiv(h, GATE_BLOCK_K)))
+    split = cdiv(h, gate_chunk(h, split))  # whole K steps per slice: no slice left empty
     return GateTiles(block_e, split, 3 if block_e <= 128 else 2)
+
+
+def gate_chunk(h: int, split: int) -> int:
+    """The K slice of each of ``split`` programs, whole ``GATE_BLOCK_K`` steps (as the kernel computes it)."""
+    return cdiv(cdiv(h, split), GATE_BLOCK_K) * GATE_BLOCK_K
 
 
 class GatedSoftmaxTopKRouter:
