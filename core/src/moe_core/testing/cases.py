@@ -49,6 +49,8 @@ class Case:
 
     @property
     def id(self) -> str:
+        if self.route:  # a router case: the backend picks its scheme and dtype
+            return self.route
         parts = [self.scheme, _short(self.dtype)]
         if self.kind in ("reference", "bias"):
             parts.append(self.activation)
@@ -56,8 +58,6 @@ class Case:
             parts.append(self.shape)
         if self.bad:
             parts.append(self.bad)
-        if self.route:
-            parts = [self.route]
         return "-".join(parts)
 
 

@@ -32,6 +32,7 @@ import triton.language as tl
 from moe_triton import tma
 from moe_triton.fast_launch import launch
 from moe_triton.kernel_configs import (
+    INTERPRETER_SMS,
     GemmConfig,
     KernelConfig,
     direct_decode,
@@ -128,11 +129,6 @@ def split_scratch(n_blocks: int, block_m: int, device, *gemms: tuple[int, int, i
             out.append(None)
         start += t
     return (*out, counters)
-
-
-#: the SMs a persistent launch assumes in the CPU interpreter (which has no SM count): few, so each program walks
-#: several tiles and the tests exercise the walk
-INTERPRETER_SMS = 2
 
 
 def _grid(tiles: int, g: GemmConfig, routing: AlignedRouting, split_k: int, device: torch.device) -> tuple[int, bool]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_triton.fast_launch import launch
-from moe_triton.kernel_configs import sm_count
+from moe_triton.kernel_configs import INTERPRETER_SMS, sm_count
 from moe_triton.kernels.route import _gate_softmax_topk, _grouped_topk, _softmax_topk
 from moe_triton.sizes import cdiv, next_power_of_2
 from moe_triton.switches import current_switches
@@ -32,9 +32,6 @@ MAX_GATE_EXPERTS = 256
 GATE_BLOCK_K = 128
 #: the gated kernel's row block: the MMA's least, so that the K split's last program sums few partials
 GATE_BLOCK_M = 16
-#: the SMs the gated kernel's K split assumes in the CPU interpreter (no SM count there): few, so that tests
-#: exercise both the split and the unsplit launch
-INTERPRETER_SMS = 2
 
 
 class SoftmaxTopKRouter:

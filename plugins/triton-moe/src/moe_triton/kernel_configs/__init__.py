@@ -160,6 +160,11 @@ def sanitize(cfg: KernelConfig, scheme: str) -> KernelConfig:
     return replace(cfg, gemm1=fix(cfg.gemm1), gemm2=fix(cfg.gemm2), split_k2=max(cfg.split_k2, 1))
 
 
+#: the SMs a launch that sizes itself by the SM count assumes in the CPU interpreter (which has none): few, so
+#: that tests exercise a persistent walk over several tiles and the gated router's K split beside its unsplit form
+INTERPRETER_SMS = 2
+
+
 @functools.cache
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 0 elsewhere (no automatic split-K on the CPU)."""
