@@ -106,7 +106,8 @@ def test_invalid_ids_contribute_zero_and_leave_valid_tokens_bitwise_unchanged(
 
 @pytest.mark.parametrize("scheme,dtype,top_k", [(WIDE, FLOAT, 2), ("mxfp4", HALF, 1)])
 def test_two_launch_alignment_sends_invalid_ids_to_the_null_segment(monkeypatch, scheme, dtype, top_k):
-    """Above ``SINGLE_PROGRAM_PAIRS`` the alignment is three kernels: count, plan, scatter (lowered here to 8 pairs)."""
+    """Above ``SINGLE_PROGRAM_PAIRS`` the alignment is two kernels: count, then plan and scatter (lowered here to 8
+    pairs)."""
     monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 8)
     cfg = MoeConfig(8, top_k, 128, 64, quant_scheme=scheme, activation="silu", dtype=dtype, has_bias=True)
     weights = random_weights(cfg, DEVICE)
@@ -143,10 +144,11 @@ def test_null_segment_blocks_skip_gemm1_and_zero_their_gemm2_rows():
     assert not counters.any()
 
 
-# one program; count + plan + scatter with one counting program, then with five (each also fills its share);
-# 64 experts (most segments empty) in one program and over three scatter programs
+# one program; count, then plan and scatter, with one program each, then with five (each also fills its share);
+# 64 experts (most segments empty) in one program and over five; 300 experts over one program (its 339 blocks'
+# segments in six steps) and over two
 @pytest.mark.parametrize("pairs,count_pairs,e", [(7, 1024, 8), (40, 1024, 8), (40, 8, 8), (9, 1024, 64),
-                                                 (600, 128, 64)])  # fmt: skip
+                                                 (600, 128, 64), (600, 1024, 300), (600, 512, 300)])  # fmt: skip
 def test_align_builds_the_null_segment(monkeypatch, pairs, count_pairs, e):
     monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 16)
     monkeypatch.setattr(align_mod, "COUNT_PAIRS", count_pairs)

@@ -273,9 +273,8 @@ def main() -> None:
         for pdl in (False, True):
             tag = f"E={e} steps {pair_chunk}{' pdl' if pdl else ''}"
             build(align._count, i32, dict(E=e, E_POW2=e_pow2, PAIRS=1024, WIDTH=1024, PDL=pdl), f"count {tag}")
-            build(align._plan, i32, dict(E=e, E_POW2=e_pow2, BLOCK_M=16, ROWS=16, PDL=pdl), f"plan {tag}")
-            sc = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, CHUNK=256, BLOCK_CHUNK=block_chunk, PDL=pdl)
-            build(align._scatter, i32, sc, f"scatter {tag}")
+            ps = dict(E=e, E_POW2=e_pow2, BLOCK_M=16, PAIRS=1024, ROWS=16, CHUNK=256, BLOCK_CHUNK=block_chunk, PDL=pdl)
+            build(align._plan_scatter, i32, ps, f"plan_scatter {tag}")
             cp = dict(
                 E=e, E_POW2=e_pow2, BLOCK_M=16, WIDTH=1024, PAIR_CHUNK=pair_chunk, BLOCK_CHUNK=block_chunk, PDL=pdl
             )

@@ -12,20 +12,21 @@ read out of bounds). Its blocks have expert ``E``: GEMM1 skips them and GEMM2
 writes zeros for their pairs, so these pairs contribute exactly zero and read
 no weights, without an extra launch or a per-forward memset of the output.
 
-Above ``SINGLE_PROGRAM_PAIRS`` pairs, three launches:
+Above ``SINGLE_PROGRAM_PAIRS`` pairs, two launches over the same chunks of pairs:
 
 1. ``_count`` (one program per ``COUNT_PAIRS`` pairs): the segment counts of its
    pairs (one atomic increment each, into its own row of a partial-count
    matrix), and its share of the plain fills: the padding sentinel into the
    sorted index and, optionally, zeros into a caller's int32 buffer (the
    split-K arrival counters of both GEMMs: zeroing them here costs no launch).
-2. ``_plan`` (one program): the partial counts summed; padded segment offsets
-   (each segment's pairs padded to a multiple of BLOCK_M), the number of used
-   padded rows and zeroed per-segment cursors.
-3. ``_scatter`` (one program per chunk of pairs): each (token, slot) pair
-   claims the next row of its segment with an atomic increment, and the
-   program finds the segment of its share of the blocks (``_owners``: a
-   binary search over the offsets).
+2. ``_plan_scatter`` (one program per chunk again): each program sums the
+   partial counts itself into the padded segment offsets (each segment's
+   pairs padded to a multiple of BLOCK_M; program 0 writes them), and its
+   pairs take the rows of their segments after those of the chunks before
+   it, claimed with atomics on a cursor row of its own: no program waits for
+   another, and no atomic is contended across programs (one cursor per
+   segment, shared by every pair, made a separate one-program plan launch
+   and a contended scatter).
 
 Up to it (decode), ``_plan_and_scatter`` does all of it in one program. The
 counting and the fills are spread over programs because in one program they
@@ -131,26 +132,54 @@ def _count(
 
 
 @triton.jit
-def _plan(
-    partial_ptr,  # [programs, E_POW2] int32: _count's per-program segment counts
-    offsets_ptr,  # [E + 2] int32: start row of each segment (experts, then the null one), then the total
-    cursor_ptr,  # [E + 1] int32: zeroed here, used by _scatter
-    programs,
-    E: tl.constexpr,
-    E_POW2: tl.constexpr,  # a power of two >= E + 2
-    BLOCK_M: tl.constexpr,
-    ROWS: tl.constexpr,  # partial rows summed per step: [ROWS, E_POW2] loads
-    PDL: tl.constexpr = False,
-):
-    """One program: the partial counts summed, then ``_layout`` (the blocks' segments are ``_scatter``'s)."""
+def _plan_scatter(
+    ids_ptr, partial_ptr, offsets_ptr, cursor_ptr, sorted_ptr, block_expert_ptr, num_pairs, programs, max_blocks,
+    blocks_per, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr,
+    ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Program p, over the pairs ``_count``'s program p counted: every program sums the partial counts
+    (``[programs, E_POW2]``, a few KB) into the padded segment offsets itself, so no program waits for
+    another's; program 0 writes them. Program p's pairs of segment e take the rows after those of programs
+    ``q < p`` (the partial rows before its own), so each program claims rows with atomics on a cursor row of
+    its own (``cursor_ptr[p]``, contended only inside the program), and it writes the segments of blocks
+    ``[p*blocks_per, (p+1)*blocks_per)`` from the offsets it holds (a ``[BLOCK_CHUNK, E_POW2]`` compare: a
+    few blocks per program)."""
     _pdl_start(PDL)
+    p = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros((E_POW2,), dtype=tl.int32)
+    before = tl.zeros((E_POW2,), dtype=tl.int32)  # pairs of each segment counted by programs q < p
     for start in range(0, programs, ROWS):
-        p = start + tl.arange(0, ROWS)
-        tile = tl.load(partial_ptr + p[:, None] * E_POW2 + experts[None, :], mask=(p < programs)[:, None], other=0)
+        q = start + tl.arange(0, ROWS)
+        tile = tl.load(partial_ptr + q[:, None] * E_POW2 + experts[None, :], mask=(q < programs)[:, None], other=0)
         counts += tl.sum(tile, 0)
-    _layout(counts, offsets_ptr, cursor_ptr, E, E_POW2, BLOCK_M)
+        before += tl.sum(tl.where((q < p)[:, None], tile, 0), 0)
+    in_use = experts <= E
+    padded = tl.where(in_use, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    total = tl.sum(padded, 0)
+    if p == 0:
+        tl.store(offsets_ptr + experts, starts, mask=in_use)
+        tl.store(offsets_ptr + E + 1, total)
+    for lo in range(p * blocks_per, tl.minimum((p + 1) * blocks_per, max_blocks), BLOCK_CHUNK):
+        blocks = lo + tl.arange(0, BLOCK_CHUNK)
+        row = blocks * BLOCK_M
+        # the last segment starting at or below the row (an empty one starts where the next does, so it is
+        # never the last such): how many of segments 1..E start at or below it
+        below = (starts[None, :] <= row[:, None]) & (experts[None, :] >= 1) & in_use[None, :]
+        seg = tl.sum(below.to(tl.int32), 1)
+        tl.store(block_expert_ptr + blocks, tl.where(row < total, seg, E + 1), mask=blocks < max_blocks)
+    cursor = cursor_ptr + p * E_POW2
+    tl.store(cursor + experts, starts + before)
+    tl.debug_barrier()  # the cursor row is visible to every thread of this program before the first claim
+    hi = tl.minimum(p * PAIRS + PAIRS, num_pairs)
+    for lo in range(p * PAIRS, hi, CHUNK):
+        offs = lo + tl.arange(0, CHUNK)
+        mask = offs < hi
+        ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
+        row = tl.atomic_add(cursor + ids, 1, mask=mask, sem="relaxed", scope="cta")
+        tl.store(sorted_ptr + row, offs, mask=mask)
 
 
 @triton.jit
@@ -178,26 +207,6 @@ def _plan_and_scatter(
         slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
         first = tl.load(offsets_ptr + ids, mask=mask, other=0)
         tl.store(sorted_ptr + first + slot, offs, mask=mask)
-
-
-@triton.jit
-def _scatter(
-    ids_ptr, offsets_ptr, cursor_ptr, sorted_ptr, block_expert_ptr, num_pairs, max_blocks, blocks_per,
-    E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
-    PDL: tl.constexpr = False,
-):  # fmt: skip
-    """Program p: each pair of ``[p*CHUNK, (p+1)*CHUNK)`` claims the next row of its segment, and the
-    segments of blocks ``[p*blocks_per, (p+1)*blocks_per)`` (``_owners``)."""
-    _pdl_start(PDL)
-    p = tl.program_id(0)
-    _owners(offsets_ptr, block_expert_ptr, p * blocks_per, tl.minimum((p + 1) * blocks_per, max_blocks), E, E_POW2,
-            BLOCK_M, BLOCK_CHUNK)  # fmt: skip
-    offs = p * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < num_pairs
-    ids = _segment(tl.load(ids_ptr + offs, mask=mask, other=0), E)
-    slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
-    start = tl.load(offsets_ptr + ids, mask=mask, other=0)
-    tl.store(sorted_ptr + start + slot, offs, mask=mask)
 
 
 #: up to this many (token, slot) pairs the alignment runs as one single-program launch; its atomics and
@@ -265,19 +274,16 @@ def align(
         )  # fmt: skip
         return sorted_ids, block_expert, offsets
     programs = cdiv(num_pairs, COUNT_PAIRS)
-    partial = torch.empty(programs, e_pow2, dtype=torch.int32, device=device)
-    cursor = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    partial, cursor = torch.empty(2, programs, e_pow2, dtype=torch.int32, device=device)  # one allocation
     launch(
         _count, (programs,),
-        ids, partial, sorted_ids, zero if zero is not None else cursor, num_pairs, max_rows, num_zero,
+        ids, partial, sorted_ids, zero if zero is not None else partial, num_pairs, max_rows, num_zero,
         cdiv(max_rows, programs), cdiv(num_zero, programs), E=num_experts, E_POW2=e_pow2,
         PAIRS=COUNT_PAIRS, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
     )  # fmt: skip
-    launch(_plan, (1,), partial, offsets, cursor, programs, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m,
-           ROWS=max(1, min(16, 8192 // e_pow2)), num_warps=4, **pdl)  # fmt: skip
-    scatters = cdiv(num_pairs, 256)
-    blocks_per = cdiv(n_blocks, scatters)
-    launch(_scatter, (scatters,), ids, offsets, cursor, sorted_ids, block_expert, num_pairs, n_blocks, blocks_per,
-           E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, CHUNK=256, BLOCK_CHUNK=_chunk_for(blocks_per, 256),
-           num_warps=4, **pdl)  # fmt: skip
+    blocks_per = cdiv(n_blocks, programs)
+    launch(_plan_scatter, (programs,), ids, partial, offsets, cursor, sorted_ids, block_expert, num_pairs, programs,
+           n_blocks, blocks_per, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, PAIRS=COUNT_PAIRS,
+           ROWS=max(1, min(16, 8192 // e_pow2)), CHUNK=256, BLOCK_CHUNK=_chunk_for(blocks_per, 64), num_warps=4,
+           **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets
