@@ -14,7 +14,7 @@ no weights, without an extra launch or a per-forward memset of the output.
 
 Above ``SINGLE_PROGRAM_PAIRS`` pairs, two launches over the same chunks of pairs:
 
-1. ``_count`` (one program per ``COUNT_PAIRS`` pairs): the segment counts of its
+1. ``_count`` (one program per ``COUNT_PAIRS`` pairs or more): the segment counts of its
    pairs (one atomic increment each, into its own row of a partial-count
    matrix), and its share of the plain fills: the padding sentinel into the
    sorted index and, optionally, zeros into a caller's int32 buffer (the
@@ -212,8 +212,12 @@ def _plan_and_scatter(
 #: up to this many (token, slot) pairs the alignment runs as one single-program launch; its atomics and
 #: fills run in that one program, so its time grows with the pairs, and above this three launches cost less
 SINGLE_PROGRAM_PAIRS = 512
-#: pairs each ``_count`` program counts (above SINGLE_PROGRAM_PAIRS)
-COUNT_PAIRS = 1024
+#: pairs each ``_count`` / ``_plan_scatter`` program takes at least (above SINGLE_PROGRAM_PAIRS): one
+#: ``_plan_scatter`` step of claims
+COUNT_PAIRS = 256
+#: at most this many programs per alignment launch (more pairs: more per program); every ``_plan_scatter``
+#: program reads all programs' partial counts, so past this, more programs cost each of them more reading
+ALIGN_PROGRAMS = 64
 #: entries per step of the plain fills and of ``_count``'s loop
 FILL_WIDTH = 1024
 
@@ -273,17 +277,19 @@ def align(
             PAIR_CHUNK=_chunk_for(num_pairs, 256), BLOCK_CHUNK=_chunk_for(n_blocks, 1024), num_warps=4, **pdl,
         )  # fmt: skip
         return sorted_ids, block_expert, offsets
-    programs = cdiv(num_pairs, COUNT_PAIRS)
+    pairs_per = max(COUNT_PAIRS, next_power_of_2(cdiv(num_pairs, ALIGN_PROGRAMS)))
+    programs = cdiv(num_pairs, pairs_per)
     partial, cursor = torch.empty(2, programs, e_pow2, dtype=torch.int32, device=device)  # one allocation
     launch(
         _count, (programs,),
         ids, partial, sorted_ids, zero if zero is not None else partial, num_pairs, max_rows, num_zero,
         cdiv(max_rows, programs), cdiv(num_zero, programs), E=num_experts, E_POW2=e_pow2,
-        PAIRS=COUNT_PAIRS, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
+        PAIRS=pairs_per, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
     )  # fmt: skip
     blocks_per = cdiv(n_blocks, programs)
     launch(_plan_scatter, (programs,), ids, partial, offsets, cursor, sorted_ids, block_expert, num_pairs, programs,
-           n_blocks, blocks_per, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, PAIRS=COUNT_PAIRS,
-           ROWS=max(1, min(16, 8192 // e_pow2)), CHUNK=256, BLOCK_CHUNK=_chunk_for(blocks_per, 64), num_warps=4,
+           n_blocks, blocks_per, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, PAIRS=pairs_per,
+           ROWS=min(next_power_of_2(programs), max(1, 16384 // e_pow2)), CHUNK=256,
+           BLOCK_CHUNK=_chunk_for(blocks_per, 64), num_warps=8,
            **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets
