@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,6 +92,37 @@ def test_align_places_every_pair_once_in_its_padded_segment(num_experts, top_k, 
             assert block_expert[b].item() == e
     assert all(x == m * top_k for x in sorted_ids[total:].tolist())
     assert all(x == num_experts + 1 for x in block_expert[total // block_m :].tolist())
+
+
+def _align_ab():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "tools" / "align_ab.py"
+    spec = importlib.util.spec_from_file_location("align_ab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_align_ab_compares_two_versions_and_fails_on_a_different_alignment(tmp_path):
+    """``tools/align_ab.py``: the tree against itself agrees; against a version that gives one pair another
+    expert's segment it reports ``same: false`` and exits 1 (two-launch sizes: 800 pairs)."""
+    tool = _align_ab()
+    src = Path(tool.__file__).parents[1] / "src" / "moe_triton" / "kernels" / "align.py"
+    args = ["--device", DEVICE, "--cases", "16:4:200:16", "--repeat", "1"]
+    out = tmp_path / "same.json"
+    assert tool.main([*args, "--against", str(src), "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["same"] is True and row["tree_us"] > 0 and row["against_us"] > 0
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(
+        "from moe_triton.kernels.align import align as _align\n"
+        "def align(ids, e, block_m):\n"
+        "    ids = ids.clone(); ids[0, 0] = (ids[0, 0] + 1) % e\n"
+        "    return _align(ids, e, block_m)\n"
+    )
+    assert tool.main([*args, "--against", str(wrong), "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["rows"][0]["same"] is False
 
 
 def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
