@@ -146,10 +146,12 @@ def test_null_segment_blocks_skip_gemm1_and_zero_their_gemm2_rows():
 
 # one program; count, then plan and scatter, with one program each, then with five (each also fills its share);
 # 64 experts (most segments empty) in one program and over five; 300 experts over one program (its 339 blocks'
-# segments in six steps) and over two; 600 pairs capped at two programs of 512 (two steps of claims each)
+# segments in six steps) and over two; 600 pairs capped at two programs of 512 (two steps of claims each);
+# 1100 experts (the block segments found in 128-wide steps over the 2048 bins)
 @pytest.mark.parametrize("pairs,count_pairs,e,cap", [(7, 1024, 8, 64), (40, 1024, 8, 64), (40, 8, 8, 64),
                                                      (9, 1024, 64, 64), (600, 128, 64, 64), (600, 1024, 300, 64),
-                                                     (600, 512, 300, 64), (600, 16, 8, 2)])  # fmt: skip
+                                                     (600, 512, 300, 64), (600, 16, 8, 2),
+                                                     (600, 1024, 1100, 64)])  # fmt: skip
 def test_align_builds_the_null_segment(monkeypatch, pairs, count_pairs, e, cap):
     monkeypatch.setattr(align_mod, "SINGLE_PROGRAM_PAIRS", 16)
     monkeypatch.setattr(align_mod, "COUNT_PAIRS", count_pairs)

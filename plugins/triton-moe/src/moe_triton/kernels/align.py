@@ -135,14 +135,15 @@ def _count(
 def _plan_scatter(
     ids_ptr, partial_ptr, offsets_ptr, cursor_ptr, sorted_ptr, block_expert_ptr, num_pairs, programs, max_blocks,
     blocks_per, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr,
-    ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, E_CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program p, over the pairs ``_count``'s program p counted: every program sums the partial counts
     (``[programs, E_POW2]``, a few KB) into the padded segment offsets itself, so no program waits for
     another's; program 0 writes them. Program p's pairs of segment e take the rows after those of programs
     ``q < p`` (the partial rows before its own), so each program claims rows with atomics on a cursor row of
     its own (``cursor_ptr[p]``, contended only inside the program), and it writes the segments of blocks
-    ``[p*blocks_per, (p+1)*blocks_per)`` from the offsets it holds (a ``[BLOCK_CHUNK, E_POW2]`` compare: a
+    ``[p*blocks_per, (p+1)*blocks_per)`` from the offsets it holds (``[BLOCK_CHUNK, E_CHUNK]`` compares: a
     few blocks per program)."""
     _pdl_start(PDL)
     p = tl.program_id(0)
@@ -162,15 +163,22 @@ def _plan_scatter(
     if p == 0:
         tl.store(offsets_ptr + experts, starts, mask=in_use)
         tl.store(offsets_ptr + E + 1, total)
+    cursor = cursor_ptr + p * E_POW2
+    tl.store(cursor + experts, starts)  # read back below in E_CHUNK-wide steps (a [blocks, E_POW2] tile can be huge)
+    tl.debug_barrier()
     for lo in range(p * blocks_per, tl.minimum((p + 1) * blocks_per, max_blocks), BLOCK_CHUNK):
         blocks = lo + tl.arange(0, BLOCK_CHUNK)
         row = blocks * BLOCK_M
         # the last segment starting at or below the row (an empty one starts where the next does, so it is
         # never the last such): how many of segments 1..E start at or below it
-        below = (starts[None, :] <= row[:, None]) & (experts[None, :] >= 1) & in_use[None, :]
-        seg = tl.sum(below.to(tl.int32), 1)
+        seg = tl.zeros((BLOCK_CHUNK,), dtype=tl.int32)
+        for e0 in range(0, E_POW2, E_CHUNK):
+            e = e0 + tl.arange(0, E_CHUNK)
+            first = tl.load(cursor + e)
+            below = (first[None, :] <= row[:, None]) & (e[None, :] >= 1) & (e[None, :] <= E)
+            seg += tl.sum(below.to(tl.int32), 1)
         tl.store(block_expert_ptr + blocks, tl.where(row < total, seg, E + 1), mask=blocks < max_blocks)
-    cursor = cursor_ptr + p * E_POW2
+    tl.debug_barrier()  # every start is read before the row turns into this program's cursors
     tl.store(cursor + experts, starts + before)
     tl.debug_barrier()  # the cursor row is visible to every thread of this program before the first claim
     hi = tl.minimum(p * PAIRS + PAIRS, num_pairs)
@@ -287,9 +295,10 @@ def align(
         PAIRS=pairs_per, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
     )  # fmt: skip
     blocks_per = cdiv(n_blocks, programs)
+    block_chunk = _chunk_for(blocks_per, 64)
     launch(_plan_scatter, (programs,), ids, partial, offsets, cursor, sorted_ids, block_expert, num_pairs, programs,
            n_blocks, blocks_per, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, PAIRS=pairs_per,
-           ROWS=min(next_power_of_2(programs), max(1, 16384 // e_pow2)), CHUNK=256,
-           BLOCK_CHUNK=_chunk_for(blocks_per, 64), num_warps=8,
+           ROWS=min(next_power_of_2(programs), max(1, 16384 // e_pow2)), CHUNK=256, BLOCK_CHUNK=block_chunk,
+           E_CHUNK=min(e_pow2, max(16, 8192 // block_chunk)), num_warps=8,
            **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets
