@@ -24,9 +24,9 @@ Above ``SINGLE_PROGRAM_PAIRS`` pairs, two launches over the same chunks of pairs
    pairs padded to a multiple of BLOCK_M; program 0 writes them), and its
    pairs take the rows of their segments after those of the chunks before
    it, claimed with atomics on a cursor row of its own: no program waits for
-   another, and no atomic is contended across programs (one cursor per
-   segment, shared by every pair, made a separate one-program plan launch
-   and a contended scatter).
+   another, and no atomic is contended across programs (a single cursor per
+   segment would need a plan launch of its own before the claims, and every
+   program's claims would contend on it).
 
 Up to it (decode), ``_plan_and_scatter`` does all of it in one program. The
 counting and the fills are spread over programs because in one program they
@@ -139,12 +139,12 @@ def _plan_scatter(
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program p, over the pairs ``_count``'s program p counted: every program sums the partial counts
-    (``[programs, E_POW2]``, a few KB) into the padded segment offsets itself, so no program waits for
-    another's; program 0 writes them. Program p's pairs of segment e take the rows after those of programs
-    ``q < p`` (the partial rows before its own), so each program claims rows with atomics on a cursor row of
-    its own (``cursor_ptr[p]``, contended only inside the program), and it writes the segments of blocks
-    ``[p*blocks_per, (p+1)*blocks_per)`` from the offsets it holds (``[BLOCK_CHUNK, E_CHUNK]`` compares: a
-    few blocks per program)."""
+    (``[programs, E_POW2]``, at most ``ALIGN_PROGRAMS`` rows) into the padded segment offsets itself, so
+    no program waits for another's; program 0 writes them. Program p's pairs of segment e take the rows
+    after those of programs ``q < p`` (the partial rows before its own), so each program claims rows with
+    atomics on a cursor row of its own (``cursor_ptr[p]``, contended only inside the program), and it
+    writes the segments of blocks ``[p*blocks_per, (p+1)*blocks_per)`` from the offsets it holds
+    (``[BLOCK_CHUNK, E_CHUNK]`` compares: a few blocks per program)."""
     _pdl_start(PDL)
     p = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
