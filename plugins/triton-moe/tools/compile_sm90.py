@@ -273,18 +273,8 @@ def main() -> None:
         for pdl in (False, True):
             tag = f"E={e} steps {pair_chunk}{' pdl' if pdl else ''}"
             build(align._count, i32, dict(E=e, E_POW2=e_pow2, PAIRS=256, WIDTH=1024, PDL=pdl), f"count {tag}")
-            rows = 16384 // e_pow2  # the whole partial-count matrix of 64 programs (or 32 at E=256) in one load
-            ps = dict(
-                E=e,
-                E_POW2=e_pow2,
-                BLOCK_M=16,
-                PAIRS=256,
-                ROWS=rows,
-                CHUNK=256,
-                BLOCK_CHUNK=block_chunk,
-                E_CHUNK=min(e_pow2, 8192 // block_chunk),
-                PDL=pdl,
-            )
+            tiles = align.plan_scatter_tiles(align.ALIGN_PROGRAMS, e_pow2, block_chunk)
+            ps = dict(E=e, BLOCK_M=16, PAIRS=256, PDL=pdl, **tiles)
             build(align._plan_scatter, i32, ps, f"plan_scatter {tag}", num_warps=8)
             cp = dict(
                 E=e, E_POW2=e_pow2, BLOCK_M=16, WIDTH=1024, PAIR_CHUNK=pair_chunk, BLOCK_CHUNK=block_chunk, PDL=pdl

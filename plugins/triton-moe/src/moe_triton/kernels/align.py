@@ -79,15 +79,28 @@ def _count_into(ids_ptr, counts_ptr, lo, hi, E: tl.constexpr, E_POW2: tl.constex
 
 
 @triton.jit
+def _starts(counts, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """From the per-segment counts: each segment's first row (its pairs padded to a multiple of BLOCK_M) and
+    the padded rows in use."""
+    experts = tl.arange(0, E_POW2)
+    padded = tl.where(experts <= E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    return tl.cumsum(padded, 0) - padded, tl.sum(padded, 0)
+
+
+@triton.jit
+def _store_offsets(offsets_ptr, starts, total, E: tl.constexpr, E_POW2: tl.constexpr):
+    """``offsets[0..E] = starts`` (experts, then the null segment), ``offsets[E + 1] = total``."""
+    experts = tl.arange(0, E_POW2)
+    tl.store(offsets_ptr + experts, starts, mask=experts <= E)
+    tl.store(offsets_ptr + E + 1, total)
+
+
+@triton.jit
 def _layout(counts, offsets_ptr, cursor_ptr, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
     """From the per-segment counts: padded segment offsets and the total, zeroed cursors."""
     experts = tl.arange(0, E_POW2)
-    padded = tl.where(experts <= E, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
-    ends = tl.cumsum(padded, 0)
-    starts = ends - padded
-    tl.store(offsets_ptr + experts, starts, mask=experts <= E)
-    total = tl.sum(padded, 0)
-    tl.store(offsets_ptr + E + 1, total)
+    starts, total = _starts(counts, E, E_POW2, BLOCK_M)
+    _store_offsets(offsets_ptr, starts, total, E, E_POW2)
     tl.store(cursor_ptr + experts, tl.zeros((E_POW2,), dtype=tl.int32), mask=experts <= E)
 
 
@@ -155,14 +168,9 @@ def _plan_scatter(
         tile = tl.load(partial_ptr + q[:, None] * E_POW2 + experts[None, :], mask=(q < programs)[:, None], other=0)
         counts += tl.sum(tile, 0)
         before += tl.sum(tl.where((q < p)[:, None], tile, 0), 0)
-    in_use = experts <= E
-    padded = tl.where(in_use, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
-    ends = tl.cumsum(padded, 0)
-    starts = ends - padded
-    total = tl.sum(padded, 0)
+    starts, total = _starts(counts, E, E_POW2, BLOCK_M)
     if p == 0:
-        tl.store(offsets_ptr + experts, starts, mask=in_use)
-        tl.store(offsets_ptr + E + 1, total)
+        _store_offsets(offsets_ptr, starts, total, E, E_POW2)
     cursor = cursor_ptr + p * E_POW2
     tl.store(cursor + experts, starts)  # read back below in E_CHUNK-wide steps (a [blocks, E_POW2] tile can be huge)
     tl.debug_barrier()
@@ -218,7 +226,7 @@ def _plan_and_scatter(
 
 
 #: up to this many (token, slot) pairs the alignment runs as one single-program launch; its atomics and
-#: fills run in that one program, so its time grows with the pairs, and above this three launches cost less
+#: fills run in that one program, so its time grows with the pairs, and above this two launches cost less
 SINGLE_PROGRAM_PAIRS = 512
 #: pairs each ``_count`` / ``_plan_scatter`` program takes at least (above SINGLE_PROGRAM_PAIRS): one
 #: ``_plan_scatter`` step of claims
@@ -237,6 +245,16 @@ def _chunk_for(count: int, chunk: int) -> int:
     the work.
     """
     return min(chunk, max(16, next_power_of_2(count)))
+
+
+def plan_scatter_tiles(programs: int, e_pow2: int, blocks_per: int) -> dict:
+    """``_plan_scatter``'s step widths: all ``programs`` partial rows in one load where they fit 16384
+    entries, one step of 256 claims, and ``[BLOCK_CHUNK, E_CHUNK]`` block-segment compares of at most 8192."""
+    block_chunk = _chunk_for(blocks_per, 64)
+    rows = min(next_power_of_2(programs), max(1, 16384 // e_pow2))
+    return dict(
+        E_POW2=e_pow2, ROWS=rows, CHUNK=256, BLOCK_CHUNK=block_chunk, E_CHUNK=min(e_pow2, max(16, 8192 // block_chunk))
+    )
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -295,10 +313,7 @@ def align(
         PAIRS=pairs_per, WIDTH=FILL_WIDTH, num_warps=4, **pdl,
     )  # fmt: skip
     blocks_per = cdiv(n_blocks, programs)
-    block_chunk = _chunk_for(blocks_per, 64)
     launch(_plan_scatter, (programs,), ids, partial, offsets, cursor, sorted_ids, block_expert, num_pairs, programs,
-           n_blocks, blocks_per, E=num_experts, E_POW2=e_pow2, BLOCK_M=block_m, PAIRS=pairs_per,
-           ROWS=min(next_power_of_2(programs), max(1, 16384 // e_pow2)), CHUNK=256, BLOCK_CHUNK=block_chunk,
-           E_CHUNK=min(e_pow2, max(16, 8192 // block_chunk)), num_warps=8,
-           **pdl)  # fmt: skip
+           n_blocks, blocks_per, E=num_experts, BLOCK_M=block_m, PAIRS=pairs_per,
+           **plan_scatter_tiles(programs, e_pow2, blocks_per), num_warps=8, **pdl)  # fmt: skip
     return sorted_ids, block_expert, offsets
