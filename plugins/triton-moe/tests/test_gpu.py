@@ -88,12 +88,16 @@ def test_programmatic_dependent_launch_matches_plain_launches(scheme, activation
     """The pdl switch (every kernel waits for its predecessor in its first statement): bitwise the same
     output, eager and in a CUDA graph (with fp8_block also through the once-per-forward quantization)."""
     from moe_triton import launch, switches
+    from moe_triton.kernel_configs import KernelConfig
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs SM90+")
     with switches.override(fp8_prequant=scheme == "fp8_block", pdl=False):
         runner, (x, ids, tw) = _runner(scheme, activation, bias, m)
         plain = runner(x, ids, tw).clone()
+        tuned = KernelConfig(pdl=True)  # a table entry's choice applies where the switch is unset
+        assert launch.pdl_kwargs(x.device, switches.Switches(), tuned) == {"PDL": True, "launch_pdl": True}
+        assert launch.pdl_kwargs(x.device, switches.Switches(pdl=False), tuned) == {}
         with switches.override(pdl=True):
             assert launch.pdl_kwargs(x.device) == {"PDL": True, "launch_pdl": True}
             assert torch.equal(runner(x, ids, tw), plain)

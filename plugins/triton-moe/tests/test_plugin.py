@@ -304,6 +304,7 @@ def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_til
     monkeypatch.setattr(launch, "launch_gemm1", nan_when_walking_64_deep)
     monkeypatch.setattr(launch, "launch_gemm2", wrong_when_64_wide)
     monkeypatch.setattr(tune, "_bench", bench)
+    monkeypatch.setattr(tune, "_pdl_available", lambda device: False)  # this clock times GEMM launches only
     monkeypatch.setattr(tune, "candidates", lambda scheme, rows, tma=False: [(16, tiles)])
     monkeypatch.setattr(tune, "SPLITS", (2,))
     monkeypatch.setattr(tune, "PERSISTENT", (1,))
@@ -406,6 +407,7 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
         return {("run1", 2): 2.0, ("run2", 4): 0.5}.get((gemm, split), 3.0)
 
     monkeypatch.setattr(tune, "_bench", clock)
+    monkeypatch.setattr(tune, "_pdl_available", lambda device: False)  # this clock times GEMM launches only
     scheme, dtype = ("bf16", torch.bfloat16) if DEVICE == "cuda" else ("fp32", torch.float32)
     cfg = MoeConfig(8, 2, 128, 64, quant_scheme=scheme, activation="silu", dtype=dtype, has_bias=True)
     weights = prepare_weights(scheme, random_weights(cfg, DEVICE))
@@ -414,3 +416,74 @@ def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
     for gemm in ("run1", "run2"):
         assert sorted(s for g, s in set(ran) if g == gemm) == [1, *tune.SPLITS]
         assert ran.count((gemm, 1)) == len(gemms)
+
+
+@pytest.mark.parametrize("pdl_time,chosen", [(0.9, True), (0.998, False), (1.1, False)])
+def test_tuner_sets_pdl_where_the_whole_forward_was_faster_with_it(monkeypatch, tmp_path, pdl_time, chosen):
+    """After the tiles, ``tune_shape`` times the whole forward on them without and with programmatic
+    dependent launch, alternately, and sets the entry's ``pdl`` only where it was ``PDL_MIN_GAIN`` faster
+    (0.998 of the plain time is within it); the table it writes carries the choice. A stand-in clock, and
+    PDL taken as available (on the CPU the forward runs plain either way: its outputs agree)."""
+    pytest.importorskip("triton")
+    from moe_triton import kernel_configs, launch, tune
+    from moe_triton.kernel_configs import GemmConfig
+
+    cfg = MoeConfig(8, 2, 64, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32)
+    weights = tune.prepare_weights_for(cfg, DEVICE)
+    forwards = []
+
+    def clock(fn):
+        fn()
+        if fn.func is launch.run_fused_moe:
+            forwards.append(fn.keywords["switches"].pdl)
+            return pdl_time if fn.keywords["switches"].pdl else 1.0
+        return 1.0
+
+    monkeypatch.setattr(tune, "_bench", clock)
+    monkeypatch.setattr(tune, "_pdl_available", lambda device: True)
+    monkeypatch.setattr(tune, "candidates", lambda scheme, rows, tma=False: [(16, [GemmConfig(32, 32, 1, 4, 2)])])
+    monkeypatch.setattr(tune, "SPLITS", ())
+    lines = []
+    best = tune.tune_shape(cfg, weights, [20], DEVICE, log=lines.append)[20]
+    assert best.pdl is chosen
+    assert forwards == [False, True] * tune.PDL_ROUNDS
+    assert any(f"pdl {'on' if chosen else 'off'}" in line and "whole forward" in line for line in lines)
+    path = tune.write_table(tmp_path / "cpu.json", "cpu", {"k": {20: best}})
+    assert kernel_configs.parse_table(path.read_text())["k"][20].pdl is chosen
+
+
+def test_pdl_is_not_chosen_when_it_changes_the_output():
+    """PDL changes when kernels start, not what they compute: a forward whose output differs with it is
+    reported and left plain, however fast."""
+    from moe_triton import tune
+
+    def forward(value, ms):
+        fn = lambda: ms
+        fn.out = torch.full((2, 3), value)
+        return fn
+
+    lines = []
+    bench = lambda fn: fn()
+    same = {False: forward(1.0, 1.0), True: forward(1.0, 0.5)}
+    assert tune._choose_pdl(same, bench, lines.append) == (True, 1.0, 0.5)
+    other = {False: forward(1.0, 1.0), True: forward(2.0, 0.5)}
+    assert tune._choose_pdl(other, bench, lines.append) == (False, 1.0, 0.5)
+    assert len(lines) == 1 and "another output" in lines[0]
+
+
+def test_a_table_entry_sets_pdl_unless_the_switch_forces_it():
+    """``pdl_wanted``: the switch where it is set (1 / 0), else the entry's choice; without an entry, off.
+    On the CPU no launch takes the keywords, whatever is wanted."""
+    from moe_triton import launch
+    from moe_triton.kernel_configs import KernelConfig
+    from moe_triton.switches import Switches
+
+    tuned, plain = KernelConfig(pdl=True), KernelConfig()
+    assert launch.pdl_wanted(Switches(), tuned) and not launch.pdl_wanted(Switches(), plain)
+    assert not launch.pdl_wanted(Switches(), None)
+    assert not launch.pdl_wanted(Switches(pdl=False), tuned) and launch.pdl_wanted(Switches(pdl=True), plain)
+    assert launch.pdl_kwargs(torch.device("cpu"), Switches(), tuned) == {}
+    assert KernelConfig.from_dict(tuned.as_dict()) == tuned
+    assert KernelConfig.from_dict({k: v for k, v in tuned.as_dict().items() if k != "pdl"}) == plain
+    with pytest.raises(ValueError, match="pdl must be true or false"):
+        KernelConfig.from_dict({**tuned.as_dict(), "pdl": "yes"})

@@ -56,7 +56,7 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
         "mxfp4_asm": ("MOE_TRITON_MXFP4_ASM", True),
         "fp8_prequant": ("MOE_TRITON_FP8_PREQUANT", True),
         "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", True),
-        "pdl": ("MOE_TRITON_PDL", False),
+        "pdl": ("MOE_TRITON_PDL", None),
         "direct": ("MOE_TRITON_DIRECT", True),
         "fast_launch": ("MOE_TRITON_FAST_LAUNCH", True),
         "fused_router": ("MOE_TRITON_FUSED_ROUTER", True),
@@ -77,6 +77,10 @@ def test_environment_changes_after_import_take_effect_on_refresh(environ):
     assert switches.current_switches() == now == switches.Switches(split_k=3, pdl=True, fp8_prequant=False)
     environ.setenv("MOE_TRITON_SPLIT_K", "")  # empty: the default
     assert switches.refresh().split_k == 0
+    environ.setenv("MOE_TRITON_PDL", "0")  # off everywhere, the tile configs' choice overridden
+    assert switches.refresh().pdl is False
+    environ.setenv("MOE_TRITON_PDL", "")  # unset: as the tile config says
+    assert switches.refresh().pdl is None
 
 
 @pytest.mark.parametrize(
@@ -105,6 +109,8 @@ def test_override_nests_restores_and_rejects_unknown_or_bad_values():
     with pytest.raises(ValueError, match="MOE_TRITON_SPLIT_K"), switches.override(split_k=-2):
         pass
     with pytest.raises(ValueError, match="MOE_TRITON_PDL"), switches.override(pdl="yes"):
+        pass
+    with pytest.raises(ValueError, match="MOE_TRITON_FAST_LAUNCH.*True or False,"), switches.override(fast_launch=None):
         pass
     assert switches.current_switches() == before
 

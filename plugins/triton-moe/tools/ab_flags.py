@@ -1,7 +1,8 @@
 """A/B the forward's runtime switches on a GPU, every setting in this one process.
 
 Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the switches' defaults, whatever
-the environment says): ``base`` (the defaults), ``pdl`` (programmatic dependent launch), ``in-loop``
+the environment says): ``base`` (the defaults: programmatic dependent launch where the tile config sets it),
+``pdl`` / ``no-pdl`` (programmatic dependent launch forced on / off everywhere), ``in-loop``
 (``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
 (``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``in-step-scales`` (fp8_block decode tiles
 load their scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``:
@@ -29,6 +30,7 @@ from pathlib import Path
 SETTINGS = {
     "base": ({}, None),
     "pdl": ({"pdl": True}, None),
+    "no-pdl": ({"pdl": False}, None),
     "in-loop": ({"fp8_prequant": False}, {"fp8_block"}),
     "pdl+in-loop": ({"pdl": True, "fp8_prequant": False}, {"fp8_block"}),
     "bitops": ({"mxfp4_asm": False}, {"mxfp4"}),

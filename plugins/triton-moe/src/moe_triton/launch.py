@@ -10,8 +10,9 @@ the slots itself (``SlotSum``), so the forward is the two GEMM launches.
 With split-K (decode) either GEMM writes fp32 partials to a workspace sized from the shapes alone and
 the last program of each tile reduces them (arrival counters that the
 alignment zeroes), so the launch count is unchanged. With the ``pdl`` switch
-(``moe_triton.switches``) every kernel is launched with programmatic dependent
-launch (``pdl_kwargs``) and waits for its predecessor in its first statement.
+(``moe_triton.switches``) on, every kernel is launched with programmatic dependent
+launch (``pdl_kwargs``) and waits for its predecessor in its first statement; unset, the tile config's
+``pdl`` decides.
 Registered as a custom op with a fake implementation so
 ``torch.compile(fullgraph=True)`` treats the whole forward as one opaque node.
 
@@ -97,10 +98,17 @@ def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool
     return (switches or current_switches()).mxfp4_asm
 
 
-def pdl_kwargs(device: torch.device, switches: Switches | None = None) -> dict:
-    """Launch keywords for programmatic dependent launch (the ``pdl`` switch, default ``current_switches()``'s;
-    CUDA SM90+ with Triton's grid-dependency intrinsics), else none: every kernel of the forward takes them."""
-    if (switches or current_switches()).pdl and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
+def pdl_wanted(switches: Switches | None = None, config: KernelConfig | None = None) -> bool:
+    """Whether a forward asks for programmatic dependent launch: the ``pdl`` switch where it is set (default
+    ``current_switches()``'s), else the tile config's ``pdl`` (the tuner's measured choice; off without one)."""
+    forced = (switches or current_switches()).pdl
+    return forced if forced is not None else config is not None and config.pdl
+
+
+def pdl_kwargs(device: torch.device, switches: Switches | None = None, config: KernelConfig | None = None) -> dict:
+    """Launch keywords for programmatic dependent launch where ``pdl_wanted`` and the device has it (CUDA SM90+
+    with Triton's grid-dependency intrinsics), else none: every kernel of the forward takes them."""
+    if pdl_wanted(switches, config) and HAS_PDL and device.type == "cuda" and _sm90_or_newer(device):
         return {"PDL": True, "launch_pdl": True}
     return {}
 
@@ -327,7 +335,7 @@ def run_fused_moe(
         else select_config(scheme, num_experts, h, inter, top_k, m, x.device)
     )
     split = resolve_split_k(scheme, num_experts, h, inter, top_k, m, cfg, x.device, sw)
-    pdl = pdl_kwargs(x.device, sw)
+    pdl = pdl_kwargs(x.device, sw, cfg)
     ids = align.flat_ids(topk_ids)  # contiguous int32 [M*k]: align and the slot sum index it
     weights = topk_weights.reshape(-1).contiguous()
     by_token = top_k == 1

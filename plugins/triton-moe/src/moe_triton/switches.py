@@ -27,6 +27,10 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+#: the annotation of a switch that may be left to the tile config (None: unset)
+_OPTIONAL_BOOL = "bool | None"
+
+
 def _switch(default, variable: str, doc: str):
     return field(default=default, metadata={"variable": variable, "doc": doc})
 
@@ -61,11 +65,12 @@ class Switches:
         "so the step's wait for them overlaps the previous step's work; larger tiles load them in the step "
         "(launch.PREFETCH_MAX_BLOCK_M: there the extra registers cost more than the wait); the same result",
     )
-    pdl: bool = _switch(
-        False,
+    pdl: bool | None = _switch(
+        None,
         "MOE_TRITON_PDL",
         "launch every kernel of the forward with programmatic dependent launch (CUDA SM90+): each may start "
-        "while its predecessor finishes and waits for its writes in its first statement",
+        "while its predecessor finishes and waits for its writes in its first statement; unset = as the tile "
+        "config says (KernelConfig.pdl, set by the tuner where it measured faster), 1 / 0 = on / off everywhere",
     )
     direct: bool = _switch(
         True,
@@ -114,8 +119,9 @@ class Switches:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be an integer >= 0, "
                                      f"got {value!r}")  # fmt: skip
-            elif not isinstance(value, bool):
-                raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be True or False, got {value!r}")
+            elif not isinstance(value, bool) and not (value is None and f.type == _OPTIONAL_BOOL):
+                allowed = "True, False or None" if f.type == _OPTIONAL_BOOL else "True or False"
+                raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be {allowed}, got {value!r}")
 
 
 #: the environment variable of each switch, by field name

@@ -15,6 +15,10 @@ wins (1 = off is always a candidate). Wherever the forward aligns its routing
 re-timed as persistent walks (``GemmConfig.persistent`` in ``PERSISTENT``). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
+Once a token count's tiles are chosen, the whole forward on them is timed without and with
+programmatic dependent launch (CUDA SM90+), alternately, and the entry's ``pdl`` is set where it was
+faster by ``PDL_MIN_GAIN`` (``_choose_pdl``).
+
 Every timed candidate's output is compared with the output the first candidate
 of the same launch wrote (the heuristic tile, which every list starts with),
 and one that disagrees by more than the scheme's tolerance
@@ -58,6 +62,7 @@ from moe_triton.kernel_configs import (
 )
 from moe_triton.launch_args import Activation, AlignedRouting
 from moe_triton.sizes import cdiv
+from moe_triton.switches import Switches, current_switches
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
@@ -85,6 +90,12 @@ PERSISTENT_TOP = 3
 TAILS = (32, 64)
 #: how many of each GEMM's fastest walks are re-timed with each tail
 TAIL_TOP = 2
+#: programmatic dependent launch is set in an entry (``KernelConfig.pdl``) only where the whole forward was at
+#: least this much faster with it: it moves forwards by a few percent either way, and below this the choice
+#: would follow the timing noise
+PDL_MIN_GAIN = 0.005
+#: alternating timings of the forward without and with programmatic dependent launch (the fastest of each kept)
+PDL_ROUNDS = 3
 
 
 def swap_worth_trying(scheme: str, block_m: int) -> bool:
@@ -341,10 +352,55 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
         if best is None:
             raise RuntimeError(f"no tile candidate of {scheme} E={e} H={config.hidden_size} "
                                f"I={config.intermediate_size} k={k} ran at M={m} (see the log)")  # fmt: skip
+        if _pdl_available(device):
+            use, plain, dependent = _choose_pdl(_forwards(config, weights, m, best, device), log=log)
+            log(f"  M={m} whole forward: {plain * 1e3:.1f} us plain, {dependent * 1e3:.1f} us with programmatic "
+                f"dependent launch -> pdl {'on' if use else 'off'}")  # fmt: skip
+            best = replace(best, pdl=use)
         result[m] = best
         if on_result is not None:
             on_result(m, best)
     return result
+
+
+def _pdl_available(device) -> bool:
+    """Whether the forward can launch with programmatic dependent launch here (``launch.pdl_kwargs``)."""
+    return bool(launch.pdl_kwargs(torch.device(device), Switches(pdl=True)))
+
+
+def _forwards(config, weights, m: int, best: KernelConfig, device) -> dict:
+    """``{pdl: launch}``: the whole forward of ``best`` at ``m`` tokens (``launch.run_fused_moe``: alignment,
+    both GEMMs and the slot sum, or the direct path at decode) without and with programmatic dependent
+    launch, each into its own output (``launch.out``), the other switches as they are."""
+    from moe_core.synthetic import random_inputs
+
+    x, ids, tw = random_inputs(config, m, device)
+    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
+    forwards = {}
+    for pdl in (False, True):
+        out = torch.empty_like(x)
+        fn = functools.partial(launch.run_fused_moe, x, ids, tw, weights.gemm1(), weights.gemm2(), act, out,
+                               router_on_input=config.apply_router_weight_on_input, config=best,
+                               switches=replace(current_switches(), pdl=pdl))  # fmt: skip
+        fn.out = out
+        forwards[pdl] = fn
+    return forwards
+
+
+def _choose_pdl(forwards: dict, bench=None, log=print) -> tuple[bool, float, float]:
+    """(use PDL, plain time, PDL time) of ``_forwards``' two launches: each timed ``PDL_ROUNDS`` times,
+    alternately, the fastest of each kept; PDL is chosen only when it is ``PDL_MIN_GAIN`` faster and wrote
+    the same output (it changes when kernels start, not what they compute)."""
+    times = {False: [], True: []}
+    for _ in range(PDL_ROUNDS):
+        for pdl, fn in forwards.items():
+            times[pdl].append(_safe(bench or _bench, fn, log))
+    plain, dependent = min(times[False]), min(times[True])
+    faster = dependent < plain * (1 - PDL_MIN_GAIN)
+    if faster and not torch.equal(forwards[False].out, forwards[True].out):
+        log("  the forward with programmatic dependent launch wrote another output than without: pdl off")
+        return False, plain, dependent
+    return faster, plain, dependent
 
 
 def _descriptors(device) -> bool:

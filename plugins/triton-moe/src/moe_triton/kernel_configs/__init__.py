@@ -81,6 +81,11 @@ class KernelConfig:
     ``split_k``: GEMM1's K split (0 = auto at launch, 1 = off); ``split_k2``: GEMM2's (1 = off). Each
     GEMM reduces its own partials in the same launch (``kernels.split``); they sit here beside the tiles
     because the tuner and the tables treat them per layer shape and token count.
+
+    ``pdl``: launch the forward's kernels with programmatic dependent launch (CUDA SM90+; the ``pdl``
+    switch, when set, overrides it). Whether it pays depends on the shape and token count (it moves a
+    forward either way by a few percent), so the tuner measures the whole forward both ways and sets it
+    where it was faster.
     """
 
     block_m: int = 64
@@ -88,6 +93,7 @@ class KernelConfig:
     gemm2: GemmConfig = field(default_factory=GemmConfig)
     split_k: int = 0
     split_k2: int = 1
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name, g in (("gemm1", self.gemm1), ("gemm2", self.gemm2)):
@@ -101,7 +107,10 @@ class KernelConfig:
     @classmethod
     def from_dict(cls, d: dict) -> KernelConfig:
         gemm1, gemm2 = GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"])
-        return cls(d["block_m"], gemm1, gemm2, int(d.get("split_k", 0)), int(d.get("split_k2", 1)))
+        pdl = d.get("pdl", False)
+        if not isinstance(pdl, bool):
+            raise ValueError(f"pdl must be true or false, got {pdl!r}")
+        return cls(d["block_m"], gemm1, gemm2, int(d.get("split_k", 0)), int(d.get("split_k2", 1)), pdl)
 
 
 @functools.cache
