@@ -27,10 +27,6 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-#: the annotation of a switch that may be left to the tile config (None: unset)
-_OPTIONAL_BOOL = "bool | None"
-
-
 def _switch(default, variable: str, doc: str):
     return field(default=default, metadata={"variable": variable, "doc": doc})
 
@@ -119,8 +115,8 @@ class Switches:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be an integer >= 0, "
                                      f"got {value!r}")  # fmt: skip
-            elif not isinstance(value, bool) and not (value is None and f.type == _OPTIONAL_BOOL):
-                allowed = "True, False or None" if f.type == _OPTIONAL_BOOL else "True or False"
+            elif not isinstance(value, bool) and not (value is None and f.default is None):
+                allowed = "True, False or None" if f.default is None else "True or False"  # None: left unset
                 raise ValueError(f"switch {f.name} ({f.metadata['variable']}) must be {allowed}, got {value!r}")
 
 

@@ -371,7 +371,7 @@ def _pdl_available(device) -> bool:
 def _forwards(config, weights, m: int, best: KernelConfig, device) -> dict:
     """``{pdl: launch}``: the whole forward of ``best`` at ``m`` tokens (``launch.run_fused_moe``: alignment,
     both GEMMs and the slot sum, or the direct path at decode) without and with programmatic dependent
-    launch, each into its own output (``launch.out``), the other switches as they are."""
+    launch, each writing its own output (the launch's ``out``), the other switches as they are."""
     from moe_core.synthetic import random_inputs
 
     x, ids, tw = random_inputs(config, m, device)
