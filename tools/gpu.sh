@@ -85,6 +85,10 @@ Steps (default limit in seconds):
                        PEER_NCU_KERNELS: the kernel-name regex, default the GEMMs of both sides; rows are
                        started until 3/4 of the limit)
                        -> peer-ncu.ncu-rep, peer-ncu.csv (raw page), peer-ncu.json and the table (report.md)
+  sh 'COMMAND'         (300)  one bash command, given as one quoted argument, run in this script's environment:
+                       every package installed, the carried wheels on PYTHONPATH, $OUT the step's folder
+                       -> whatever it writes there, log.txt; for a one-off probe or A/B beside the steps
+                       (e.g. sh@90 'cd plugins/triton-moe && pytest -q tests/test_gpu.py -k pdl')
   overhead [ARGS]      (180)  tools/layer_overhead.py: host and wall time of a patched block (Qwen3-30B-A3B, or
                        --family gpt-oss-120b; --tokens M,...) and of its parts (router, runner, checks, apply)
                        against transformers' grouped_mm block; --cprofile N, --kernels -> overhead.json
@@ -147,7 +151,7 @@ default_limit() {
 packages_for() {  # the folders a step needs installed
   local d
   case "$1" in
-    tests | check | install)
+    tests | check | install | sh)
       echo core
       for d in plugins/*/ examples/*/; do [ -f "$d/pyproject.toml" ] && echo "${d%/}"; done ;;
     bench | door-cost | transformers | overhead | ranks | peer | peer-ncu) echo core plugins/triton-moe ;;
@@ -366,6 +370,7 @@ if [ "${1:-}" = --run-step ]; then
     peer) step_peer "$@" ;;
     peer-ncu) step_peer_ncu "$@" ;;
     install) echo "installed: $(cat "$(dirname "$OUT")/install.txt" 2>/dev/null | tail -n 1)" ;;
+    sh) [ $# -eq 1 ] || { echo "sh takes one quoted command, got $# words: sh 'COMMAND'"; exit 2; }; bash -c "$1" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   exit $?
@@ -379,7 +384,8 @@ NAMES=() LIMITS=() STEP_ARGS=() FIRST_ARG=() ARG_COUNT=()  # a step's ARGS: STEP
 is_step() {  # NAME -> 0 when it is a step name (core, or PREFIX:STEP of a plugin script that lists STEP)
   local script
   case "$1" in
-    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | peer | peer-ncu | install) return 0 ;;
+    tests | check | bench | door-cost | transformers | overhead | select | sglang | ranks | peer | peer-ncu | install | sh)
+      return 0 ;;
     *:*)
       script=$(plugin_script "${1%%:*}") || return 1
       [ -n "$script" ] && bash "$script" --steps | grep -qx -- "${1#*:}" ;;
