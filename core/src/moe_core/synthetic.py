@@ -3,7 +3,7 @@
 Weights are scaled by 1/sqrt(fan_in) so activations stay O(1) through both
 GEMMs at any shape (errors are then comparable across presets). Routing picks
 ``top_k`` distinct experts per token uniformly at random, which is what the
-benchmark tables of vLLM and SGLang assume.
+benchmark tables of vLLM and SGLang assume (``balanced_routing``: evenly).
 """
 
 from __future__ import annotations
@@ -56,6 +56,25 @@ def random_routing(
     gen = torch.Generator(device="cpu").manual_seed(seed)
     scores = torch.rand(num_tokens, num_experts, generator=gen)
     ids = scores.topk(top_k, dim=1).indices
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen), dim=1)
+    return ids.to(device=device, dtype=torch.int32), weights.to(device=device, dtype=torch.float32)
+
+
+def balanced_routing(
+    num_tokens: int, num_experts: int, top_k: int, device="cpu", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``top_k`` distinct experts per token, each expert taking exactly ``num_tokens * top_k / num_experts``
+    pairs where ``num_tokens`` is a multiple of ``num_experts`` (else within ``top_k`` of that); weights as
+    ``random_routing``'s.
+
+    Why: the same forward on this routing and on ``random_routing`` shows what the blocks padded for uneven
+    expert loads cost, since here every expert's rows fill its blocks as evenly as they can."""
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+    token = torch.arange(num_tokens)[:, None]
+    slot = torch.arange(top_k)[None, :]
+    ids = (token + slot * (num_experts // top_k)) % num_experts  # the k offsets are distinct modulo E
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen), dim=1)
     return ids.to(device=device, dtype=torch.int32), weights.to(device=device, dtype=torch.float32)
 

@@ -125,6 +125,41 @@ def test_align_ab_compares_two_versions_and_fails_on_a_different_alignment(tmp_p
     assert json.loads(out.read_text())["rows"][0]["same"] is False
 
 
+def test_configs_ab_times_each_config_on_both_routings_and_fails_on_a_different_output(tmp_path, monkeypatch):
+    """``tools/configs_ab.py``: every (routing, config) row is timed, balanced routing gives every expert the
+    mean pairs, and a config whose forward writes another output is marked and makes the exit status 1 (here
+    the forward is wrapped to perturb the file config's output)."""
+    import importlib.util
+
+    from moe_triton import kernel_configs as kc
+    from moe_triton import launch
+
+    spec = importlib.util.spec_from_file_location("configs_ab", Path(__file__).parents[1] / "tools" / "configs_ab.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    mine = kc.KernelConfig(16, kc.GemmConfig(32, 32, 1, 2, 2), kc.GemmConfig(32, 32, 1, 2, 2, persistent=1))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"entries": {kc.table_key("fp32", 8, 64, 32, 2): {"24": mine.as_dict()}}}))
+    forward = launch.run_fused_moe
+
+    def perturbed(*args, config=None, **kwargs):
+        forward(*args, config=config, **kwargs)
+        if config == mine:
+            args[6].add_(1.0)  # out
+
+    monkeypatch.setattr(launch, "run_fused_moe", perturbed)
+    out = tmp_path / "ab.json"
+    argv = ["--device", DEVICE, "--shape", "8,2,64,32", "--scheme", "fp32", "--dtype", "float32", "--tokens", "24",
+            "--rounds", "1", "--repeat", "1", "--config", "heur=selected", "--config", f"mine=file:{table}",
+            "--json", str(out)]  # fmt: skip
+    assert tool.main(argv) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["routing"], r["config"]) for r in rows] == [(r, c) for r in tool.ROUTINGS for c in ("heur", "mine")]
+    assert all(r["us"] > 0 and r["same"] is (r["config"] == "heur") for r in rows)
+    assert all(r["pairs_per_expert"] == [6, 6] for r in rows if r["routing"] == "balanced")
+    assert rows[1]["entry"] == mine.as_dict()
+
+
 def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
     from moe_triton import kernel_configs
 

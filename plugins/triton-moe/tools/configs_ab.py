@@ -1,0 +1,171 @@
+"""A/B whole kernel configs (``KernelConfig``: block size and both GEMMs' tiles) of one layer, in one process.
+
+The tuner times each GEMM's candidates on their own; a table entry's worth is the whole forward. This times
+``launch.run_fused_moe`` (alignment, both GEMMs, slot sum) with each given config on the same weights and
+inputs, on uniform random routing (``moe_core.synthetic.random_routing``, what the benches and the tuner use)
+and on balanced routing (``balanced_routing``: every expert the mean number of pairs, so no block is padding
+for uneven loads: the difference is what those padded blocks cost). Rounds interleave the configs, so a
+drift of the GPU's clocks shows as a difference between rounds rather than between configs. Each output is
+compared with the first config's on the same routing (``moe_core.tolerances``): a config whose output
+differs is reported and the exit status is 1.
+
+Configs (``--config NAME=SOURCE``, repeatable; default: every shipped table's entry and ``selected``):
+``selected`` (what a forward on this device picks: user table, shipped table, heuristic), ``shipped:SLUG``
+(a shipped table's entry, e.g. ``shipped:NVIDIA_H200``), ``file:PATH`` (a table file as ``moe tune triton``
+writes it). A table gives the entry of the layer's shape at the nearest M, as a forward looks it up.
+
+    python plugins/triton-moe/tools/configs_ab.py --preset gpt-oss-120b --scheme mxfp4 --tokens 2048 \\
+        --config shipped=selected --config mine=file:/tmp/table.json --profile --json configs_ab.json
+
+``--shape E,k,H,I`` replaces the preset by a small layer (``--device cpu`` with ``TRITON_INTERPRET=1``: a
+smoke run of this tool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROUTINGS = ("random", "balanced")
+
+
+def layer_config(args):
+    """The layer's ``MoeConfig``: the preset's, or a small one from ``--shape``."""
+    from moe_core import MoeConfig
+    from moe_core.presets import PRESETS
+
+    dtype = getattr(torch, args.dtype)
+    if args.shape:
+        e, k, h, i = (int(v) for v in args.shape.split(","))
+        return MoeConfig(e, k, h, i, quant_scheme=args.scheme, dtype=dtype)
+    return PRESETS[args.preset].config(args.scheme, dtype)
+
+
+def resolve(source: str, cfg, m: int, device):
+    """The ``KernelConfig`` a ``--config`` source names for this layer at ``m`` tokens."""
+    from moe_triton import kernel_configs as kc
+
+    shape = (cfg.quant_scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
+    if source == "selected":
+        return kc.select_config(*shape, m, device)
+    kind, _, where = source.partition(":")
+    if kind == "shipped":
+        entries = kc.shipped_table(where)
+    elif kind == "file":
+        entries = kc.parse_table(Path(where).read_text())
+    else:
+        raise ValueError(f"unknown config source {source!r}: selected, shipped:SLUG or file:PATH")
+    entry = entries.get(kc.table_key(*shape))
+    if not entry:
+        raise ValueError(f"{source} has no entry for {kc.table_key(*shape)}")
+    return kc.sanitize(entry[min(entry, key=lambda k: (abs(k - m), k))], cfg.quant_scheme)
+
+
+def _kernels(fn, device) -> dict:
+    """GPU time per call of each of the forward's three largest kernels (CUDA only)."""
+    if device.type != "cuda":
+        return {}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    timed = sorted(((e.self_device_time_total / 3, e.key) for e in prof.key_averages() if e.self_device_time_total > 0),
+                   reverse=True)  # fmt: skip
+    return {name[:40]: round(us, 1) for us, name in timed[:3]}
+
+
+def run(cfg, configs: dict, tokens: list[int], device, rounds: int = 2, repeat: int = 50, profile: bool = False,
+        log=print) -> list[dict]:  # fmt: skip
+    """Rows of every (M, round, routing, config), timed as CUDA-graph medians (``moe_core.timing``)."""
+    from moe_core.synthetic import balanced_routing, random_inputs
+    from moe_core.timing import time_forward
+    from moe_core.tolerances import relative_l2, tolerance
+    from moe_triton import launch
+    from moe_triton.launch_args import Activation
+    from moe_triton.tune import prepare_weights_for
+
+    weights = prepare_weights_for(cfg, device)
+    act = Activation(cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
+    limit = tolerance(cfg.quant_scheme, cfg.dtype)
+    rows = []
+    for m in tokens:
+        x, ids, tw = random_inputs(cfg, m, device)
+        routings = {"random": ids, "balanced": balanced_routing(m, cfg.num_experts, cfg.top_k, device)[0]}
+        chosen = {name: resolve(source, cfg, m, device) for name, source in configs.items()}
+        for rnd in range(1, rounds + 1):
+            for routing, r in routings.items():
+                first = None
+                for name, kernel_config in chosen.items():
+                    out = torch.empty_like(x)
+
+                    def fn(kernel_config=kernel_config, x=x, r=r, tw=tw, out=out):
+                        launch.run_fused_moe(x, r, tw, weights.gemm1(), weights.gemm2(), act, out, config=kernel_config,
+                                             router_on_input=cfg.apply_router_weight_on_input)  # fmt: skip
+
+                    us, how = time_forward(fn, device, repeat=repeat)
+                    fn()
+                    err = 0.0 if first is None else relative_l2(out, first)
+                    first = out if first is None else first
+                    counts = torch.bincount(r.flatten().long(), minlength=cfg.num_experts)
+                    row = {"M": m, "round": rnd, "routing": routing, "config": name, "source": configs[name],
+                           "us": round(us, 1), "how": how, "rel_l2_vs_first": err, "same": err <= limit,
+                           "pairs_per_expert": [int(counts.min()), int(counts.max())],
+                           "kernels": _kernels(fn, device) if profile and rnd == 1 else {},
+                           "entry": kernel_config.as_dict()}  # fmt: skip
+                    log(f"M={m} round {rnd} {routing:<8} {name:<20} {us:9.1f} us  rel L2 {err:.1e}"
+                        f"{'' if row['same'] else '  DIFFERS'}  {row['kernels'] or ''}")  # fmt: skip
+                    rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    from moe_core.presets import PRESETS
+    from moe_triton import kernel_configs as kc
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-30b-a3b")
+    p.add_argument("--shape", help="E,k,H,I: a small layer instead of the preset (a smoke run)")
+    p.add_argument("--scheme", default="bf16", help="bf16, fp8_block, mxfp4, ... (default bf16)")
+    p.add_argument("--dtype", default="bfloat16", help="activations' torch dtype (default bfloat16)")
+    p.add_argument("--tokens", default="2048", help="comma list of M (default 2048)")
+    sources = "selected | shipped:SLUG | file:PATH (repeatable; default: selected and every shipped table)"
+    p.add_argument("--config", action="append", default=[], metavar="NAME=SOURCE", help=sources)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=50, help="timed samples per row; the median is reported")
+    p.add_argument("--profile", action="store_true", help="also the three largest kernels of each row (round 1)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu with TRITON_INTERPRET=1 (a smoke run)")
+    p.add_argument("--json", help="write every row here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("configs_ab times forwards on a CUDA GPU; none is available (--device cpu: a smoke run)",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    configs = dict(c.split("=", 1) for c in args.config if "=" in c)
+    if len(configs) != len(args.config):
+        p.error("each --config is NAME=SOURCE")
+    if not configs:
+        from importlib import resources
+
+        shipped = sorted(f.name[:-5] for f in resources.files(kc.SHIPPED_PACKAGE).iterdir() if f.name.endswith(".json"))
+        configs = {"selected": "selected", **{slug: f"shipped:{slug}" for slug in shipped}}
+    cfg = layer_config(args)
+    try:
+        rows = run(cfg, configs, [int(t) for t in args.tokens.split(",")], device, args.rounds, args.repeat,
+                   args.profile)  # fmt: skip
+    except ValueError as exc:  # a source without an entry for this layer: say which
+        print(f"configs_ab: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        document = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__, "layer": repr(cfg), "configs": configs, "rows": rows}  # fmt: skip
+        Path(args.json).write_text(json.dumps(document, indent=1))
+    return 0 if all(r["same"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
