@@ -62,7 +62,7 @@ def resolve(source: str, cfg, m: int, device):
     entry = entries.get(kc.table_key(*shape))
     if not entry:
         raise ValueError(f"{source} has no entry for {kc.table_key(*shape)}")
-    return kc.sanitize(entry[min(entry, key=lambda k: (abs(k - m), k))], cfg.quant_scheme)
+    return kc.entry_at(entry, m, cfg.quant_scheme)
 
 
 def _kernels(fn, device) -> dict:
@@ -78,9 +78,10 @@ def _kernels(fn, device) -> dict:
     return {name[:40]: round(us, 1) for us, name in timed[:3]}
 
 
-def run(cfg, configs: dict, tokens: list[int], device, rounds: int = 2, repeat: int = 50, profile: bool = False,
+def run(cfg, plan: dict, sources: dict, device, rounds: int = 2, repeat: int = 50, profile: bool = False,
         log=print) -> list[dict]:  # fmt: skip
-    """Rows of every (M, round, routing, config), timed as CUDA-graph medians (``moe_core.timing``)."""
+    """Rows of every (M, round, routing, config) of ``plan`` (M -> name -> ``KernelConfig``; ``sources``: name ->
+    where it came from), timed as CUDA-graph medians (``moe_core.timing``)."""
     from moe_core.synthetic import balanced_routing, random_inputs
     from moe_core.timing import time_forward
     from moe_core.tolerances import relative_l2, tolerance
@@ -92,10 +93,9 @@ def run(cfg, configs: dict, tokens: list[int], device, rounds: int = 2, repeat: 
     act = Activation(cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
     limit = tolerance(cfg.quant_scheme, cfg.dtype)
     rows = []
-    for m in tokens:
+    for m, chosen in plan.items():
         x, ids, tw = random_inputs(cfg, m, device)
-        routings = {"random": ids, "balanced": balanced_routing(m, cfg.num_experts, cfg.top_k, device)[0]}
-        chosen = {name: resolve(source, cfg, m, device) for name, source in configs.items()}
+        routings = dict(zip(ROUTINGS, (ids, balanced_routing(m, cfg.num_experts, cfg.top_k, device)[0]), strict=True))
         for rnd in range(1, rounds + 1):
             for routing, r in routings.items():
                 first = None
@@ -111,7 +111,7 @@ def run(cfg, configs: dict, tokens: list[int], device, rounds: int = 2, repeat: 
                     err = 0.0 if first is None else relative_l2(out, first)
                     first = out if first is None else first
                     counts = torch.bincount(r.flatten().long(), minlength=cfg.num_experts)
-                    row = {"M": m, "round": rnd, "routing": routing, "config": name, "source": configs[name],
+                    row = {"M": m, "round": rnd, "routing": routing, "config": name, "source": sources[name],
                            "us": round(us, 1), "how": how, "rel_l2_vs_first": err, "same": err <= limit,
                            "pairs_per_expert": [int(counts.min()), int(counts.max())],
                            "kernels": _kernels(fn, device) if profile and rnd == 1 else {},
@@ -149,17 +149,15 @@ def main(argv=None) -> int:
     if len(configs) != len(args.config):
         p.error("each --config is NAME=SOURCE")
     if not configs:
-        from importlib import resources
-
-        shipped = sorted(f.name[:-5] for f in resources.files(kc.SHIPPED_PACKAGE).iterdir() if f.name.endswith(".json"))
-        configs = {"selected": "selected", **{slug: f"shipped:{slug}" for slug in shipped}}
+        configs = {"selected": "selected", **{slug: f"shipped:{slug}" for slug in kc.shipped_slugs()}}
     cfg = layer_config(args)
-    try:
-        rows = run(cfg, configs, [int(t) for t in args.tokens.split(",")], device, args.rounds, args.repeat,
-                   args.profile)  # fmt: skip
-    except ValueError as exc:  # a source without an entry for this layer: say which
+    try:  # every config found before anything is timed
+        plan = {m: {name: resolve(source, cfg, m, device) for name, source in configs.items()}
+                for m in (int(t) for t in args.tokens.split(","))}  # fmt: skip
+    except (ValueError, OSError) as exc:  # a source without an entry for this layer, or no such file: say which
         print(f"configs_ab: {exc}", file=sys.stderr)
         return 2
+    rows = run(cfg, plan, configs, device, args.rounds, args.repeat, args.profile)
     if args.json:
         document = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "layer": repr(cfg), "configs": configs, "rows": rows}  # fmt: skip

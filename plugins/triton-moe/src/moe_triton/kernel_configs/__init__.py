@@ -253,6 +253,12 @@ def shipped_table(slug: str) -> dict[str, dict[int, KernelConfig]]:
     return parse_table(ref.read_text()) if ref.is_file() else {}
 
 
+def shipped_slugs() -> list[str]:
+    """The devices a table is shipped for (their ``device_slug``)."""
+    files = resources.files(SHIPPED_PACKAGE).iterdir()
+    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
+
+
 def user_table(slug: str) -> dict[str, dict[int, KernelConfig]]:
     """The entries of the user's table for this device; empty if there is none, and empty with a warning
     naming the file if it cannot be read or parsed (the shipped table then applies alone)."""
@@ -294,12 +300,17 @@ def clear_cache() -> None:
     _select.cache_clear()
 
 
+def entry_at(entry: dict[int, KernelConfig], m: int, scheme: str) -> KernelConfig:
+    """The config of one table entry (token count -> config) a forward of ``m`` tokens uses: the nearest
+    token count's (a tie goes to the smaller), its tiles made legal for ``scheme`` (``sanitize``)."""
+    return sanitize(entry[min(entry, key=lambda k: (abs(k - m), k))], scheme)
+
+
 @functools.lru_cache(maxsize=4096)
 def _select(scheme, num_experts, hidden, inter, top_k, m, slug) -> KernelConfig:
     entry = tuned_entry(slug, table_key(scheme, num_experts, hidden, inter, top_k))
     if entry:
-        nearest = min(entry, key=lambda k: (abs(k - m), k))
-        return sanitize(entry[nearest], scheme)  # an older table's tiles made legal once, here, not per forward
+        return entry_at(entry, m, scheme)  # an older table's tiles made legal once, here, not per forward
     return heuristic_config(scheme, num_experts, hidden, inter, top_k, m)
 
 
