@@ -23,7 +23,7 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The exact count: a variant dropped from the list (or a loop that stops
     # early) must fail here, not pass with fewer kernels checked.
-    assert "compiled 263 kernels for sm90" in proc.stdout
+    assert "compiled 267 kernels for sm90" in proc.stdout
 
 
 LOOP_TOOL = Path(__file__).parents[1] / "tools" / "sm90_loop.py"
@@ -59,3 +59,22 @@ def test_loop_tool_builds_a_walk_with_the_constexprs_it_does_not_name():
     the walk's few-row branch cannot build with."""
     out = loop_of("gemm2", "PERSISTENT=True", "BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=64")
     assert "wgmma.mma_async" in out, out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [  # the shipped H200 mxfp4 tiles at M=2048: GEMM1 walking 128-row blocks with 64-row tails, GEMM2 8 warps
+        ("gemm1", "BLOCK_M=128", "BLOCK_N=64", "BLOCK_K=64", "SWAP_AB=True", "PERSISTENT=True", "TAIL_M=64",
+         "TAIL_SWAP=True", "--stages", "4"),
+        ("gemm2", "BLOCK_M=128", "BLOCK_N=256", "BLOCK_K=64", "SWAP_AB=True", "PERSISTENT=True", "--warps", "8",
+         "--stages", "4"),
+    ],
+)  # fmt: skip
+def test_mxfp4_whole_chunks_leave_no_mma_waiting_inside_a_k_step(args):
+    """The ``mxfp4_whole_chunk`` switch's reason, read off the sm90 build: with two 32-deep MMAs per chunk the
+    K loop waits for every MMA in flight (``wgmma.wait_group 0``) between the two halves; with one 64-deep MMA
+    (``kernels.gemm._cat_k``) it leaves them in flight."""
+    halves = loop_of(*args, "--scheme", "mxfp4", "WHOLE_CHUNK=False")
+    whole = loop_of(*args, "--scheme", "mxfp4", "WHOLE_CHUNK=True")
+    assert "wgmma.wait_group.sync.aligned 0" in halves, halves
+    assert "wgmma.wait_group.sync.aligned 0" not in whole and "wgmma.mma_async" in whole, whole

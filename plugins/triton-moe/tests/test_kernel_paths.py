@@ -119,6 +119,33 @@ def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, b
     assert relative_l2(out, plain) <= tolerance("mxfp4", HALF) / 4
 
 
+@pytest.mark.parametrize(
+    "swap,split,block_k,block_n,block_m,persistent,tail",
+    [
+        ((True, True), 1, 64, 64, 16, (0, 0), 0),  # the swapped tiles of decode
+        ((True, True), 2, 128, 64, 32, (0, 0), 0),  # split K, two chunks per K step
+        ((False, False), 1, 64, 32, 64, (1, 1), 0),  # 64 rows unswapped: K in order too
+        ((True, True), 1, 64, 64, 64, (1, 1), 32),  # walks with swapped few-row tails
+        ((False, False), 1, 64, 64, 16, (0, 0), 0),  # K in stored order: the switch changes nothing
+    ],
+)
+def test_mxfp4_whole_chunk_matches_halves(swap, split, block_k, block_n, block_m, persistent, tail):
+    """The ``mxfp4_whole_chunk`` switch: one 64-deep MMA per MXFP4 chunk (``kernels.gemm._cat_k``) gives the
+    forward two 32-deep MMAs give, in every tile shape that takes K in order, and agrees with the oracle."""
+    cfg = MoeConfig(8, 2, 192, 128, quant_scheme="mxfp4", activation="swiglu_oai", dtype=HALF, has_bias=True)
+    weights = random_weights(cfg, DEVICE)
+    g1, g2 = (
+        kernel_configs.GemmConfig(block_n, block_k, 2, 4, 2, swap_ab=s, persistent=p, tail_m=tail)
+        for s, p in zip(swap, persistent, strict=True)
+    )
+    kc = kernel_configs.KernelConfig(block_m, g1, g2, split, split)
+    with switches.override(mxfp4_whole_chunk=True):
+        out, inputs = _check(cfg, weights, 70, kc)
+    with switches.override(mxfp4_whole_chunk=False):
+        halves = _forward(cfg, weights, *inputs, kc)
+    assert relative_l2(out, halves) <= tolerance("mxfp4", HALF) / 8
+
+
 DENSE_SCHEMES = ["bf16", "fp8_block"] if CUDA else ["fp32"]
 
 

@@ -54,6 +54,7 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
     assert rows == {
         "split_k": ("MOE_TRITON_SPLIT_K", 0),
         "mxfp4_asm": ("MOE_TRITON_MXFP4_ASM", True),
+        "mxfp4_whole_chunk": ("MOE_TRITON_MXFP4_WHOLE_CHUNK", False),
         "fp8_prequant": ("MOE_TRITON_FP8_PREQUANT", True),
         "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", True),
         "pdl": ("MOE_TRITON_PDL", None),

@@ -4,7 +4,8 @@ Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the sw
 the environment says): ``base`` (the defaults: programmatic dependent launch where the tile config sets it),
 ``pdl`` / ``no-pdl`` (programmatic dependent launch forced on / off everywhere), ``in-loop``
 (``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
-(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``in-step-scales`` (fp8_block decode tiles
+(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``whole-chunk`` (``mxfp4_whole_chunk``
+on: one 64-deep MMA per MXFP4 chunk), ``in-step-scales`` (fp8_block decode tiles
 load their scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``:
 GEMM1 never splits K, whatever the table says), ``aligned`` (``direct`` off: the alignment and slot-sum
 launches at decode too) and ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
@@ -34,6 +35,7 @@ SETTINGS = {
     "in-loop": ({"fp8_prequant": False}, {"fp8_block"}),
     "pdl+in-loop": ({"pdl": True, "fp8_prequant": False}, {"fp8_block"}),
     "bitops": ({"mxfp4_asm": False}, {"mxfp4"}),
+    "whole-chunk": ({"mxfp4_whole_chunk": True}, {"mxfp4"}),
     "in-step-scales": ({"fp8_scale_prefetch": False}, {"fp8_block"}),
     "unsplit": ({"split_k": 1}, None),
     "aligned": ({"direct": False}, None),

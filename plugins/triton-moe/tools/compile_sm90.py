@@ -92,19 +92,20 @@ def weight_types(scheme, dt):
 def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64, router=False, asm=False,
           swap=False, block_m=16, a_fp8=False, out_fp8=False, pdl=False, direct=False, tma=False,
           num_warps=4, up_aligned=False, prefetch=False, persistent=False, tail=0, tail_swap=False,
-          num_stages=3):  # fmt: skip
+          num_stages=3, whole=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, ACTIVATION=act, HAS_BIAS=bias, ROUTER_ON_INPUT=router,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, OUT_FP8=out_fp8,
              ROUND=tl.bfloat16, DIRECT=direct, PDL=pdl, TMA=tma, UP_ALIGNED=up_aligned, PREFETCH=prefetch,
-             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap)  # fmt: skip
+             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap, WHOLE_CHUNK=whole)  # fmt: skip
     tag = (f"g1_s{scheme}_a{act}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{f'_ofp8_n{block_n}' if out_fp8 else ''}{'_direct' if direct else ''}{'_pdl' if pdl else ''}"
            f"{f'_tma_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}{'_upal' if up_aligned else ''}"
            f"{'_prefetch' if prefetch else ''}{'_persistent' if persistent else ''}"
-           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}")  # fmt: skip
+           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}"
+           f"{f'_whole_n{block_n}_m{block_m}_w{num_warps}' if whole else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     fp8_names = {"x_ptr"} if a_fp8 else set()
     fp8_names |= {"out_ptr"} if out_fp8 else set()
@@ -113,19 +114,21 @@ def gemm1(scheme, act=0, bias=False, split=1, dt="bf16", block_k=128, block_n=64
 
 def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, swap=False, block_n=64, block_m=16,
           pdl=False, split=1, a_fp8=False, direct=False, sum_slots=False, tma=False, tma_a=False,
-          num_warps=4, prefetch=False, persistent=False, tail=0, tail_swap=False, num_stages=3):  # fmt: skip
+          num_warps=4, prefetch=False, persistent=False, tail=0, tail_swap=False, num_stages=3,
+          whole=False):  # fmt: skip
     wdt, sdt = weight_types(scheme, dt)
     c = dict(TOP_K=2, SCHEME=scheme, HAS_BIAS=bias, ROUTER_ON_INPUT=False, OUT_BY_TOKEN=by_token,
              PRECISION="ieee" if dt == "fp32" else "tf32", SPLIT_K=split, DECODE_ASM=asm, BLOCK_M=block_m,
              BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SWAP_AB=swap, A_FP8=a_fp8, DIRECT=direct,
              SUM_SLOTS=sum_slots, PDL=pdl, TMA=tma, TMA_A=tma_a, PREFETCH=prefetch,
-             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap)  # fmt: skip
+             PERSISTENT=persistent, TAIL_M=tail, TAIL_SWAP=tail_swap, WHOLE_CHUNK=whole)  # fmt: skip
     tag = (f"g2_s{scheme}_b{int(bias)}_k{split}_{dt}_{block_k}{'_asm' if asm else ''}"
            f"{f'_swap_n{block_n}_m{block_m}' if swap else ''}{'_afp8' if a_fp8 else ''}"
            f"{'_direct' if direct else ''}{'_slots' if sum_slots else ''}{'_pdl' if pdl else ''}"
            f"{f'_tma{int(tma_a)}_n{block_n}_m{block_m}_w{num_warps}' if tma else ''}"
            f"{'_prefetch' if prefetch else ''}{'_persistent' if persistent else ''}"
-           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}")  # fmt: skip
+           f"{f'_tail{tail}{tail_swap:d}_n{block_n}_m{block_m}_s{num_stages}' if tail else ''}"
+           f"{f'_whole_n{block_n}_m{block_m}_w{num_warps}' if whole else ''}")  # fmt: skip
     types = gemm_types(dt, wdt, sdt)
     build(gemm._gemm2, (lambda n: "*fp8e4nv" if n == "a_ptr" else types(n)) if a_fp8 else types, c, tag, num_warps,
           num_stages)  # fmt: skip
@@ -159,6 +162,13 @@ def main() -> None:
             gemm2(2, True, block_k=block_k, block_n=block_n, block_m=block_m, asm=asm, swap=True)
     gemm1(2, 2, True, 2, block_k=128, asm=True, swap=True)
     gemm2(2, True, block_k=128, asm=True, swap=True, split=2)
+    # one 64-deep MMA per MXFP4 chunk (the mxfp4_whole_chunk switch): swapped walks with few-row tails, 64 rows plain
+    gemm1(2, 2, True, 1, block_k=64, block_n=64, block_m=128, asm=True, swap=True, persistent=True, tail=64,
+          tail_swap=True, num_stages=4, whole=True)  # fmt: skip
+    gemm2(2, True, block_k=64, block_n=256, block_m=128, asm=True, swap=True, persistent=True, num_warps=8,
+          num_stages=4, whole=True)  # fmt: skip
+    gemm1(2, 2, True, 1, block_k=64, block_n=64, block_m=64, asm=True, whole=True)
+    gemm2(2, True, block_k=64, block_n=64, block_m=64, asm=True, whole=True)
     for split in (1, 4):  # fp8_block with activations quantized once per forward (the fp8_prequant switch)
         for bias in (False, True):
             gemm1(1, 0, bias, split, a_fp8=True)

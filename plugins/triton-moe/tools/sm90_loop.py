@@ -29,7 +29,8 @@ SCHEMES = {"bf16": (0, 0), "fp8_block": (1, 0), "mxfp4": (2, 2)}
 UNIT_STRIDES = {"stride_xk", "stride_wk", "stride_on", "stride_sn", "stride_pn", "stride_bn", "stride_ak"}
 #: the instructions counted in the loop
 COUNTED = re.compile(r"(?:ld|st)\.(?:shared|global)[a-z0-9.]*|ldmatrix[a-z0-9.]*|stmatrix[a-z0-9.]*|cp\.async\.c[ag]"
-                     r"[a-z0-9.]*|wgmma\.mma_async|mma\.sync|shfl[a-z0-9.]*|prmt")  # fmt: skip
+                     r"[a-z0-9.]*|wgmma\.mma_async|wgmma\.wait_group[a-z.]* \d+|mma\.sync|shfl[a-z0-9.]*"
+                     r"|prmt")  # fmt: skip
 
 
 def constexprs(kernel: str, scheme: str, overrides: list[str]) -> dict:
@@ -41,10 +42,13 @@ def constexprs(kernel: str, scheme: str, overrides: list[str]) -> dict:
              SPLIT_K=1, DECODE_ASM=scheme == "mxfp4", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, SWAP_AB=False,
              A_FP8=False, OUT_FP8=False, ROUND=tl.bfloat16, DIRECT=False, PDL=False, TMA=False, UP_ALIGNED=False,
              OUT_BY_TOKEN=False, SUM_SLOTS=False, TMA_A=False, PREFETCH=False, PERSISTENT=False)  # fmt: skip
+    from moe_triton.kernels import gemm
+
+    known = set(c) | {p.name for p in getattr(gemm, f"_{kernel}").params if p.is_constexpr}
     for item in overrides:
         name, _, value = item.partition("=")
-        if name not in c or not value:
-            raise SystemExit(f"unknown constexpr override {item!r}; known: {', '.join(sorted(c))}")
+        if name not in known or not value:
+            raise SystemExit(f"unknown constexpr override {item!r}; known: {', '.join(sorted(known))}")
         c[name] = {"True": True, "False": False}.get(value, int(value) if value.lstrip("-").isdigit() else value)
     return c
 

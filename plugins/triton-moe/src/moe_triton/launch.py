@@ -98,6 +98,11 @@ def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool
     return (switches or current_switches()).mxfp4_asm
 
 
+def _whole_chunk(scheme: str, switches: Switches | None) -> bool:
+    """One 64-deep MMA per MXFP4 chunk (``kernels.gemm._cat_k``): mxfp4 and the ``mxfp4_whole_chunk`` switch."""
+    return scheme == "mxfp4" and (switches or current_switches()).mxfp4_whole_chunk
+
+
 def pdl_wanted(switches: Switches | None = None, config: KernelConfig | None = None) -> bool:
     """Whether a forward asks for programmatic dependent launch: the ``pdl`` switch where it is set (default
     ``current_switches()``'s), else the tile config's ``pdl`` (the tuner's measured choice; off without one)."""
@@ -234,6 +239,7 @@ def launch_gemm1(
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         TMA=tma.applies(g.tma, w.scheme, w.weight), UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
         PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_tail(g, persistent),
+        WHOLE_CHUNK=_whole_chunk(w.scheme, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -283,6 +289,7 @@ def launch_gemm2(
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
         SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
         PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_tail(g, persistent),
+        WHOLE_CHUNK=_whole_chunk(w.scheme, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

@@ -32,7 +32,8 @@ tile is quantized to fp8 per token per 128 columns on the fly, BLOCK_K = 128);
 2 = mxfp4 W4A16 in the chunked layout: per 64-wide K chunk one byte tile is
 decoded into its low half (K rows 0..31 of the chunk) and high half (32..63)
 with bit ops, and two dots consume them — no nibble interleave. ``DECODE_ASM``
-(CUDA + bf16) swaps the Triton bit ops for inline PTX doing 4 bytes at a time.
+(CUDA + bf16) swaps the Triton bit ops for inline PTX doing 4 bytes at a time; ``WHOLE_CHUNK`` joins the
+two halves into one 64-deep MMA where the tile takes K in order (``_cat_k``).
 With ``TMA`` (schemes 0 and 1) the weight tiles are read through tensor
 descriptors instead of pointer tiles (``moe_triton.tma`` says when it applies).
 """
@@ -222,6 +223,19 @@ def _rows_chunk(ptr, rows, row_ok, kc, K, stride_m, stride_k, STORED_ORDER: tl.c
 
 
 @triton.jit
+def _cat_k(lo, hi, N_ROWS: tl.constexpr):
+    """A decoded MXFP4 chunk's two K halves (in K order, ``_mxfp4_chunk(..., IN_ORDER=True)``) as one 64-deep
+    weight tile, ``lo`` then ``hi``: ``[BLOCK_N, 64]`` from ``[BLOCK_N, 32]`` halves with ``N_ROWS``, else
+    ``[64, BLOCK_N]``. Why: two 32-deep MMAs into one accumulator make the second wait for the first
+    (Triton leaves only an accumulator's last MMA of a loop step in flight); one 64-deep MMA does not."""
+    if N_ROWS:
+        t = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (lo.shape[0], 2 * lo.shape[1]))
+    else:
+        t = tl.reshape(tl.permute(tl.join(lo, hi), (2, 0, 1)), (2 * lo.shape[0], lo.shape[1]))
+    return t
+
+
+@triton.jit
 def _mma(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr):
     """``acc += a @ w`` for a ``[BLOCK_M, K]`` row tile and a ``[K, BLOCK_N]`` weight tile, or with ``SWAP_AB``
     ``acc^T += w @ a^T`` (``w`` given as ``[BLOCK_N, K]``, ``acc`` as ``[BLOCK_N, BLOCK_M]``)."""
@@ -251,12 +265,14 @@ def _gemm1_acc(
     SCHEME: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr,
     UP_ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
+    WHOLE_CHUNK: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1's K loop over ``[k_lo, k_hi)`` for one tile: the fp32 gate and up accumulators ``[BLOCK_M,
     BLOCK_N]`` (transposed back already with ``SWAP_AB``). ``w_desc``: the weight descriptor with ``TMA``
     (built once per program: a persistent program reuses it for every tile), else unused."""
     dot_dtype = x_ptr.dtype.element_ty
     in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
+    whole: tl.constexpr = WHOLE_CHUNK and in_order  # MXFP4: one 64-deep MMA per chunk (_cat_k)
     if SWAP_AB:
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -273,17 +289,22 @@ def _gemm1_acc(
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
-                a_lo, a_hi = _rows_chunk(x_ptr, token, row_ok, kc, K, stride_xm, stride_xk, not in_order)
                 g_lo, g_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
                                           stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB,
                                           in_order)  # fmt: skip
                 u_lo, u_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n + N_HALF, n_ok, kc, K, stride_we, stride_wn,
                                           stride_wk, stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM,
                                           SWAP_AB, in_order)  # fmt: skip
-                acc_g = _mma(a_lo, g_lo, acc_g, SWAP_AB, PRECISION)
-                acc_g = _mma(a_hi, g_hi, acc_g, SWAP_AB, PRECISION)
-                acc_u = _mma(a_lo, u_lo, acc_u, SWAP_AB, PRECISION)
-                acc_u = _mma(a_hi, u_hi, acc_u, SWAP_AB, PRECISION)
+                if whole:
+                    a = _rows_tile(x_ptr, token, row_ok, kc + tl.arange(0, CHUNK), K, stride_xm, stride_xk)
+                    acc_g = _mma(a, _cat_k(g_lo, g_hi, SWAP_AB), acc_g, SWAP_AB, PRECISION)
+                    acc_u = _mma(a, _cat_k(u_lo, u_hi, SWAP_AB), acc_u, SWAP_AB, PRECISION)
+                else:
+                    a_lo, a_hi = _rows_chunk(x_ptr, token, row_ok, kc, K, stride_xm, stride_xk, not in_order)
+                    acc_g = _mma(a_lo, g_lo, acc_g, SWAP_AB, PRECISION)
+                    acc_g = _mma(a_hi, g_hi, acc_g, SWAP_AB, PRECISION)
+                    acc_u = _mma(a_lo, u_lo, acc_u, SWAP_AB, PRECISION)
+                    acc_u = _mma(a_hi, u_hi, acc_u, SWAP_AB, PRECISION)
         else:
             a = _rows_tile(x_ptr, token, row_ok, k0 + tl.arange(0, BLOCK_K), K, stride_xm, stride_xk)
             if TMA:
@@ -364,6 +385,7 @@ def _gemm1_tile(
     ROUTER_ON_INPUT: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, OUT_FP8: tl.constexpr,
     ROUND: tl.constexpr, TMA: tl.constexpr, UP_ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
+    WHOLE_CHUNK: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of a persistent GEMM1 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
     null segment: no K step, nothing stored)."""
@@ -372,7 +394,7 @@ def _gemm1_tile(
     acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, 0,
                               tl.where(live, K, 0), N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn,
                               stride_wk, stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M,
-                              BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
+                              BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH, WHOLE_CHUNK)  # fmt: skip
     _gemm1_epilogue(acc_g, acc_u, expert, rows, pair, row_ok, n, n_ok, pid_n, N_HALF, alpha, limit, mult_ptr, bias_ptr,
                     topk_w_ptr, out_ptr, os_ptr, stride_be, stride_bn, stride_om, stride_on, stride_osm, SCHEME,
                     ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, OUT_FP8, ROUND, TMA, BLOCK_M, BLOCK_N)  # fmt: skip
@@ -391,6 +413,7 @@ def _gemm1(
     ROUND: tl.constexpr = tl.bfloat16, DIRECT: tl.constexpr = False, PDL: tl.constexpr = False,
     TMA: tl.constexpr = False, UP_ALIGNED: tl.constexpr = False, PREFETCH: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False, TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
+    WHOLE_CHUNK: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM1. MXFP4 scale strides are (expert, chunk, n) of the prepared ``[E, Kp/64, N]`` scale pairs.
 
@@ -446,7 +469,7 @@ def _gemm1(
                                 stride_sn, stride_sk, stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K,
                                 SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, TAIL_M,
                                 BLOCK_N, BLOCK_K, TAIL_SWAP, A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED,
-                                PREFETCH)  # fmt: skip
+                                PREFETCH, WHOLE_CHUNK)  # fmt: skip
                 else:
                     _gemm1_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr,
                                 expert, live, rows, pair, row_ok, n0, n, n_ok, pid_n, N_HALF, K, alpha, limit,
@@ -454,14 +477,14 @@ def _gemm1(
                                 stride_sn, stride_sk, stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K,
                                 SCHEME, ACTIVATION, HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, BLOCK_M,
                                 BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED,
-                                PREFETCH)  # fmt: skip
+                                PREFETCH, WHOLE_CHUNK)  # fmt: skip
             else:
                 _gemm1_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, os_ptr,
                             expert, live, rows, pair, row_ok, n0, n, n_ok, pid_n, N_HALF, K, alpha, limit, stride_xm,
                             stride_xk, stride_xsm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                             stride_be, stride_bn, stride_om, stride_on, stride_osm, TOP_K, SCHEME, ACTIVATION,
                             HAS_BIAS, ROUTER_ON_INPUT, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                            A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
+                            A_FP8, OUT_FP8, ROUND, TMA, UP_ALIGNED, PREFETCH, WHOLE_CHUNK)  # fmt: skip
     else:
         if DIRECT:
             if tl.program_id(0) == 0:
@@ -482,7 +505,7 @@ def _gemm1(
         acc_g, acc_u = _gemm1_acc(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, token, row_ok, n, n_ok, n0, k_lo,
                                   k_hi, N_HALF, K, stride_xm, stride_xk, stride_xsm, stride_we, stride_wn, stride_wk,
                                   stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N,
-                                  BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH)  # fmt: skip
+                                  BLOCK_K, SWAP_AB, A_FP8, TMA, UP_ALIGNED, PREFETCH, WHOLE_CHUNK)  # fmt: skip
         if SPLIT_K > 1:  # store this K slice's partials; the tile's last program to arrive goes on with their sum
             out_mask = row_ok[:, None] & n_ok[None, :]
             part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm
@@ -517,11 +540,13 @@ def _gemm2_acc(
     SCHEME: tl.constexpr, PRECISION: tl.constexpr, DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr,
     TMA_A: tl.constexpr, PREFETCH: tl.constexpr,
+    WHOLE_CHUNK: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2's K loop over ``[k_lo, k_hi)`` for one tile: the fp32 accumulator ``[BLOCK_M, BLOCK_N]``.
     ``w_desc`` / ``a_desc``: the descriptors with ``TMA`` / ``TMA_A`` (else unused)."""
     dot_dtype = a_ptr.dtype.element_ty  # MXFP4: the intermediate's dtype, which its weights decode to
     in_order: tl.constexpr = SWAP_AB or BLOCK_M >= 64  # MXFP4 K order of the MMA (_mxfp4_chunk's IN_ORDER)
+    whole: tl.constexpr = WHOLE_CHUNK and in_order  # MXFP4: one 64-deep MMA per chunk (_cat_k)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -535,12 +560,16 @@ def _gemm2_acc(
         if SCHEME == MXFP4:
             for c in tl.static_range(BLOCK_K // CHUNK):
                 kc = k0 + c * CHUNK
-                a_lo, a_hi = _rows_chunk(a_ptr, rows, row_ok, kc, K, stride_am, stride_ak, not in_order)
                 b_lo, b_hi = _mxfp4_chunk(w_ptr, s_ptr, expert, n, n_ok, kc, K, stride_we, stride_wn, stride_wk,
                                           stride_se, stride_sk, stride_sn, dot_dtype, DECODE_ASM, SWAP_AB,
                                           in_order)  # fmt: skip
-                acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
-                acc = _mma(a_hi, b_hi, acc, SWAP_AB, PRECISION)
+                if whole:
+                    a = _rows_tile(a_ptr, rows, row_ok, kc + tl.arange(0, CHUNK), K, stride_am, stride_ak)
+                    acc = _mma(a, _cat_k(b_lo, b_hi, SWAP_AB), acc, SWAP_AB, PRECISION)
+                else:
+                    a_lo, a_hi = _rows_chunk(a_ptr, rows, row_ok, kc, K, stride_am, stride_ak, not in_order)
+                    acc = _mma(a_lo, b_lo, acc, SWAP_AB, PRECISION)
+                    acc = _mma(a_hi, b_hi, acc, SWAP_AB, PRECISION)
         else:
             if TMA_A:
                 a = a_desc.load([pid_m * BLOCK_M, k0])
@@ -627,13 +656,14 @@ def _gemm2_tile(
     HAS_BIAS: tl.constexpr, ROUTER_ON_INPUT: tl.constexpr, OUT_BY_TOKEN: tl.constexpr, PRECISION: tl.constexpr,
     DECODE_ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, A_FP8: tl.constexpr, TMA: tl.constexpr, TMA_A: tl.constexpr, PREFETCH: tl.constexpr,
+    WHOLE_CHUNK: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of a persistent GEMM2 walk over ``BLOCK_M`` rows: K loop and epilogue (``live`` false, the
     null segment: no K step, zeros stored only by token)."""
     acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, 0,
                      tl.where(live, K, 0), N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk,
                      stride_se, stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K,
-                     SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
+                     SWAP_AB, A_FP8, TMA, TMA_A, PREFETCH, WHOLE_CHUNK)  # fmt: skip
     _gemm2_epilogue(acc, expert, live, pair, row_ok, n, n_ok, mult_ptr, bias_ptr, topk_w_ptr, out_ptr, stride_be,
                     stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                     OUT_BY_TOKEN)  # fmt: skip
@@ -652,6 +682,7 @@ def _gemm2(
     SUM_SLOTS: tl.constexpr = False, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
     TMA_A: tl.constexpr = False, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
     TAIL_M: tl.constexpr = 0, TAIL_SWAP: tl.constexpr = False,
+    WHOLE_CHUNK: tl.constexpr = False,
 ):  # fmt: skip
     """GEMM2 over the activated intermediate ``[rows, I]``; ``SWAP_AB``, ``SPLIT_K``, ``DIRECT``,
     ``PERSISTENT``, ``TAIL_M`` and ``TAIL_SWAP`` as in ``_gemm1`` (the partials are ``[SPLIT_K, rows, H]``).
@@ -685,21 +716,21 @@ def _gemm2(
                                 stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                                 stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                                 OUT_BY_TOKEN, PRECISION, DECODE_ASM, TAIL_M, BLOCK_N, BLOCK_K, TAIL_SWAP, A_FP8, TMA,
-                                False, PREFETCH)  # fmt: skip
+                                False, PREFETCH, WHOLE_CHUNK)  # fmt: skip
                 else:
                     _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
                                 expert, live, pid_m, rows, pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak,
                                 stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                                 stride_be, stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT,
                                 OUT_BY_TOKEN, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA,
-                                TMA_A, PREFETCH)  # fmt: skip
+                                TMA_A, PREFETCH, WHOLE_CHUNK)  # fmt: skip
             else:
                 _gemm2_tile(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, mult_ptr, bias_ptr, topk_w_ptr, out_ptr,
                             expert, live, pid_m, rows, pair, row_ok, n0, n, n_ok, N, K, stride_am, stride_ak,
                             stride_asm, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_be,
                             stride_bn, stride_om, stride_on, TOP_K, SCHEME, HAS_BIAS, ROUTER_ON_INPUT, OUT_BY_TOKEN,
                             PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, A_FP8, TMA, TMA_A,
-                            PREFETCH)  # fmt: skip
+                            PREFETCH, WHOLE_CHUNK)  # fmt: skip
     else:
         split, tile, pid_m, pid_n = _program_tile(num_m, N, BLOCK_N, GROUP_M)
         expert = _block_expert(block_expert_ptr, offsets_ptr, pid_m, num_experts, BLOCK_M, DIRECT)
@@ -724,7 +755,7 @@ def _gemm2(
         acc = _gemm2_acc(a_ptr, as_ptr, a_desc, w_ptr, w_desc, s_ptr, expert, pid_m, rows, row_ok, n, n_ok, n0, k_lo,
                          k_hi, N, K, stride_am, stride_ak, stride_asm, stride_we, stride_wn, stride_wk, stride_se,
                          stride_sn, stride_sk, SCHEME, PRECISION, DECODE_ASM, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                         A_FP8, TMA, TMA_A, PREFETCH)  # fmt: skip
+                         A_FP8, TMA, TMA_A, PREFETCH, WHOLE_CHUNK)  # fmt: skip
         if SPLIT_K > 1:  # as in _gemm1
             out_mask = row_ok[:, None] & n_ok[None, :]
             part = part_ptr + rows.to(tl.int64)[:, None] * stride_pm + n[None, :] * stride_pn
