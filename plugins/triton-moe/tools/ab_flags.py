@@ -13,7 +13,8 @@ rule: the measurement that rule stands on). Each (preset, scheme, M) row is time
 setting that applies to its scheme, one after another on the same weights and inputs, as ``moe bench``
 times a row (CUDA-graph replay, median; a fresh graph per setting): bf16 on the four model presets,
 fp8_block on deepseek-v3-tp8 and mxfp4 on gpt-oss-120b, at decode sizes. Prints each setting's time
-against ``base`` and, with ``--output``, writes every row (with its setting) as JSON.
+against ``base`` and, with ``--output``, writes every row (with its setting) as JSON. Each setting's output on
+the row's inputs is compared with ``base``'s (``equal_to_base``, ``rel_l2_to_base``; differences printed).
 
     python plugins/triton-moe/tools/ab_flags.py --tokens 1,8,64 --output ab-flags.json
 """
@@ -84,7 +85,8 @@ def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, 
     from moe_core import MoeRunner
     from moe_core.bench_rows import bench_row
     from moe_core.presets import PRESETS
-    from moe_core.synthetic import random_weights
+    from moe_core.synthetic import random_inputs, random_weights
+    from moe_core.tolerances import relative_l2
     from moe_triton import switches
 
     config = PRESETS[preset].config(scheme, dtype or torch.bfloat16)
@@ -92,17 +94,29 @@ def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, 
     runner = MoeRunner(config, weights, backend="triton")
     rows = []
     for m in tokens:
+        inputs = random_inputs(config, m, device, seed=1)
+        base_out = None
         for label, values in settings_for(scheme, chosen):
             try:
                 with switches.override(**values), forced_direct(label == "direct-all"):
+                    out = runner(*inputs)
                     row = bench_row(preset, "triton", config, weights, runner, m, ceilings, device, repeat=repeat)
             except Exception as exc:  # one setting failing must not lose the others' rows
                 print(f"  FAILED {label} {preset} {scheme} M={m}: {type(exc).__name__}: {exc}", flush=True)
                 continue
-            rows.append({**row.as_dict(), "setting": label})
+            base_out = out if label == "base" else base_out
+            rows.append({**row.as_dict(), "setting": label, **_against(out, base_out, relative_l2)})
     del runner, weights
     torch.cuda.empty_cache()
     return rows
+
+
+def _against(out, base_out, relative_l2) -> dict:
+    """How a setting's output on the row's inputs compares with ``base``'s: a switch that only reorders work
+    should leave it bitwise equal, one that changes the arithmetic within the scheme's tolerance."""
+    if base_out is None:
+        return {}
+    return {"equal_to_base": bool(out.equal(base_out)), "rel_l2_to_base": float(relative_l2(out, base_out))}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -115,6 +129,10 @@ def print_table(rows: list[dict]) -> None:
                       (r["preset"], r["scheme"], r["tokens"]) == key), None)  # fmt: skip
             cells.append(f"{t:8.1f} ({base[key] / t:4.2f}x)" if t else f"{'-':>16}")
         print(f"{key[0]:<18}{key[1]:<11}{key[2]:>5}  " + "".join(f"{c:>16}" for c in cells))
+    for r in rows:
+        if r.get("equal_to_base") is False:
+            print(f"output of {r['setting']} differs from base at {r['preset']} {r['scheme']} M={r['tokens']}: "
+                  f"relative L2 {r['rel_l2_to_base']:.2e}")
 
 
 def main(argv=None) -> int:
