@@ -130,16 +130,17 @@ def test_mxfp4_swapped_operands_match_reference(swap, split, block_k, block_n, b
     ],
 )
 def test_mxfp4_whole_chunk_matches_halves(swap, split, block_k, block_n, block_m, persistent, tail):
-    """The ``mxfp4_whole_chunk`` switch: one 64-deep MMA per MXFP4 chunk (``kernels.gemm._cat_k``) gives the
-    forward two 32-deep MMAs give, in every tile shape that takes K in order, and agrees with the oracle."""
+    """``GemmConfig.whole_chunk``: one 64-deep MMA per MXFP4 chunk (``kernels.gemm._cat_k``) gives the
+    forward two 32-deep MMAs give (the ``mxfp4_whole_chunk`` switch forcing it off), in every tile shape that
+    takes K in order, and agrees with the oracle."""
     cfg = MoeConfig(8, 2, 192, 128, quant_scheme="mxfp4", activation="swiglu_oai", dtype=HALF, has_bias=True)
     weights = random_weights(cfg, DEVICE)
     g1, g2 = (
-        kernel_configs.GemmConfig(block_n, block_k, 2, 4, 2, swap_ab=s, persistent=p, tail_m=tail)
+        kernel_configs.GemmConfig(block_n, block_k, 2, 4, 2, swap_ab=s, persistent=p, tail_m=tail, whole_chunk=True)
         for s, p in zip(swap, persistent, strict=True)
     )
     kc = kernel_configs.KernelConfig(block_m, g1, g2, split, split)
-    with switches.override(mxfp4_whole_chunk=True):
+    with switches.override(mxfp4_whole_chunk=None):  # as the tiles say
         out, inputs = _check(cfg, weights, 70, kc)
     with switches.override(mxfp4_whole_chunk=False):
         halves = _forward(cfg, weights, *inputs, kc)

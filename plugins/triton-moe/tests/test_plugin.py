@@ -303,6 +303,33 @@ def test_tuner_retimes_its_fastest_walks_with_few_row_tiles(monkeypatch):
     assert not any(g.tail_m for g in tune._trials(make, tiles, False, warmed.extend, tails=(32,))[1])
 
 
+def test_tuner_retimes_each_splits_fastest_mxfp4_tiles_with_whole_chunks(monkeypatch):
+    """With ``whole`` (MXFP4) each split's ``WHOLE_TOP`` fastest tiles that take K in order are re-timed with
+    ``GemmConfig.whole_chunk``, compiled ahead like every candidate, and one can win; tiles it would not
+    change are never re-timed, and without ``whole`` none is."""
+    pytest.importorskip("triton")
+    from moe_triton import tune
+    from moe_triton.kernel_configs import GemmConfig, whole_chunk_applies
+
+    tiles = [GemmConfig(bn, 64, 1, 4, 3, swap_ab=s) for bn in (32, 64, 128) for s in (False, True)]
+
+    def cost(g, split):  # wider is faster, unswapped a little faster, whole chunks fastest of all
+        return 1000 / g.block_n + (0 if not g.swap_ab else 0.5) - (4 if g.whole_chunk else 0) + split
+
+    monkeypatch.setattr(tune, "_bench", lambda fn: fn())
+    make = lambda g, split: lambda: cost(g, split)
+    warmed = []
+    whole = lambda g: whole_chunk_applies("mxfp4", 16, g)
+    trials = tune._trials(make, tiles, True, warmed.extend, whole=whole)
+    for split, times in trials.items():
+        chunked = [g for g in times if g.whole_chunk]
+        assert chunked and len(chunked) <= tune.WHOLE_TOP and all(g.swap_ab for g in chunked), split
+        assert all((g, split) in warmed for g in chunked)
+    _, split, best = tune._best(trials)
+    assert split == 1 and best == GemmConfig(128, 64, 1, 4, 3, swap_ab=True, whole_chunk=True)
+    assert not any(g.whole_chunk for t in tune._trials(make, tiles, True, warmed.extend).values() for g in t)
+
+
 def test_tuner_never_chooses_a_candidate_whose_output_differs_from_the_first_tiles(monkeypatch):
     """A tile a compiler lowers wrongly must not win by being fast: ``tune_shape`` on the interpreter with
     the timing replaced (wider is faster) and one GEMM2 tile made to write wrong output (as Triton's

@@ -3,6 +3,8 @@ process, and what a forward launches under them. Runs under the interpreter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from test_kernel_paths import DEVICE, FLOAT, _forward, _kc
@@ -54,7 +56,7 @@ def test_the_table_has_every_switch_with_its_variable_and_default():
     assert rows == {
         "split_k": ("MOE_TRITON_SPLIT_K", 0),
         "mxfp4_asm": ("MOE_TRITON_MXFP4_ASM", True),
-        "mxfp4_whole_chunk": ("MOE_TRITON_MXFP4_WHOLE_CHUNK", False),
+        "mxfp4_whole_chunk": ("MOE_TRITON_MXFP4_WHOLE_CHUNK", None),
         "fp8_prequant": ("MOE_TRITON_FP8_PREQUANT", True),
         "fp8_scale_prefetch": ("MOE_TRITON_FP8_SCALE_PREFETCH", True),
         "pdl": ("MOE_TRITON_PDL", None),
@@ -183,6 +185,23 @@ def test_a_forward_reads_the_switches_once_and_passes_them_down(monkeypatch, gem
 def test_pdl_switch_is_off_on_the_cpu():
     with switches.override(pdl=True):
         assert launch.pdl_kwargs(torch.device("cpu")) == {}
+
+
+def test_whole_chunks_follow_the_tile_unless_the_switch_is_set():
+    """``GemmConfig.whole_chunk`` chooses per GEMM; the ``mxfp4_whole_chunk`` switch, when set, overrides every
+    tile; tiles it would not change (not MXFP4, or K out of order: fewer than 64 rows, unswapped) always get
+    False, so they keep one compiled variant."""
+    from moe_triton.kernel_configs import GemmConfig
+
+    swapped, plain = GemmConfig(swap_ab=True, whole_chunk=True), GemmConfig(whole_chunk=True)
+    unset, on, off = (switches.Switches(mxfp4_whole_chunk=v) for v in (None, True, False))
+    assert launch._whole_chunk("mxfp4", 16, swapped, unset)
+    assert not launch._whole_chunk("mxfp4", 16, replace(swapped, whole_chunk=False), unset)
+    assert launch._whole_chunk("mxfp4", 16, replace(swapped, whole_chunk=False), on)
+    assert not launch._whole_chunk("mxfp4", 16, swapped, off)
+    assert launch._whole_chunk("mxfp4", 64, plain, unset)  # 64 rows take K in order unswapped too
+    assert not launch._whole_chunk("mxfp4", 32, plain, on)
+    assert not launch._whole_chunk("bf16", 64, swapped, on)
 
 
 def test_fp8_scales_are_prefetched_only_in_decode_tiles():

@@ -4,8 +4,9 @@ Settings (``SETTINGS``, each a ``moe_triton.switches.override`` on top of the sw
 the environment says): ``base`` (the defaults: programmatic dependent launch where the tile config sets it),
 ``pdl`` / ``no-pdl`` (programmatic dependent launch forced on / off everywhere), ``in-loop``
 (``fp8_prequant`` off: fp8_block quantizes inside GEMM1's K loop), ``pdl+in-loop``, ``bitops``
-(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``whole-chunk`` (``mxfp4_whole_chunk``
-on: one 64-deep MMA per MXFP4 chunk), ``in-step-scales`` (fp8_block decode tiles
+(``mxfp4_asm`` off: the Triton bit-op E2M1 decode instead of inline PTX), ``whole-chunk`` / ``halves``
+(``mxfp4_whole_chunk`` on / off everywhere: one 64-deep MMA per MXFP4 chunk, or one per 32-value half,
+whatever the tile config says), ``in-step-scales`` (fp8_block decode tiles
 load their scales in each K step, not one step ahead) and ``unsplit`` (``split_k=1``:
 GEMM1 never splits K, whatever the table says), ``aligned`` (``direct`` off: the alignment and slot-sum
 launches at decode too) and ``direct-all`` (direct routing at every M, past ``kernel_configs.direct_decode``'s
@@ -37,6 +38,7 @@ SETTINGS = {
     "pdl+in-loop": ({"pdl": True, "fp8_prequant": False}, {"fp8_block"}),
     "bitops": ({"mxfp4_asm": False}, {"mxfp4"}),
     "whole-chunk": ({"mxfp4_whole_chunk": True}, {"mxfp4"}),
+    "halves": ({"mxfp4_whole_chunk": False}, {"mxfp4"}),
     "in-step-scales": ({"fp8_scale_prefetch": False}, {"fp8_block"}),
     "unsplit": ({"split_k": 1}, None),
     "aligned": ({"direct": False}, None),
@@ -131,8 +133,10 @@ def print_table(rows: list[dict]) -> None:
         print(f"{key[0]:<18}{key[1]:<11}{key[2]:>5}  " + "".join(f"{c:>16}" for c in cells))
     for r in rows:
         if r.get("equal_to_base") is False:
-            print(f"output of {r['setting']} differs from base at {r['preset']} {r['scheme']} M={r['tokens']}: "
-                  f"relative L2 {r['rel_l2_to_base']:.2e}")
+            print(
+                f"output of {r['setting']} differs from base at {r['preset']} {r['scheme']} M={r['tokens']}: "
+                f"relative L2 {r['rel_l2_to_base']:.2e}"
+            )
 
 
 def main(argv=None) -> int:

@@ -41,6 +41,7 @@ from moe_triton.kernel_configs import (
     sanitize,
     select_config,
     sm_count,
+    whole_chunk_applies,
 )
 from moe_triton.kernels import align, gemm
 from moe_triton.kernels.operands import HAS_PDL
@@ -98,9 +99,14 @@ def _decode_asm(scheme: str, t: torch.Tensor, switches: Switches | None) -> bool
     return (switches or current_switches()).mxfp4_asm
 
 
-def _whole_chunk(scheme: str, switches: Switches | None) -> bool:
-    """One 64-deep MMA per MXFP4 chunk (``kernels.gemm._cat_k``): mxfp4 and the ``mxfp4_whole_chunk`` switch."""
-    return scheme == "mxfp4" and (switches or current_switches()).mxfp4_whole_chunk
+def _whole_chunk(scheme: str, block_m: int, tiles: GemmConfig, switches: Switches | None) -> bool:
+    """One 64-deep MMA per MXFP4 chunk (``kernels.gemm._cat_k``): the tile's ``whole_chunk``, or the
+    ``mxfp4_whole_chunk`` switch where it is set; False wherever it would change nothing
+    (``whole_chunk_applies``), so such tiles keep one compiled variant."""
+    if not whole_chunk_applies(scheme, block_m, tiles):
+        return False
+    forced = (switches or current_switches()).mxfp4_whole_chunk
+    return tiles.whole_chunk if forced is None else forced
 
 
 def pdl_wanted(switches: Switches | None = None, config: KernelConfig | None = None) -> bool:
@@ -239,7 +245,7 @@ def launch_gemm1(
         BLOCK_K=g.block_k, GROUP_M=g.group_m, SWAP_AB=g.swap_ab, DIRECT=r.direct,
         TMA=tma.applies(g.tma, w.scheme, w.weight), UP_ALIGNED=w.scheme == "fp8_block" and inter % g.block_n == 0,
         PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_tail(g, persistent),
-        WHOLE_CHUNK=_whole_chunk(w.scheme, switches),
+        WHOLE_CHUNK=_whole_chunk(w.scheme, r.block_m, g, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 
@@ -289,7 +295,7 @@ def launch_gemm2(
         GROUP_M=g.group_m, SWAP_AB=g.swap_ab, A_FP8=a_fp8, DIRECT=r.direct,
         SUM_SLOTS=slot_sum is not None, TMA=use_tma, TMA_A=tma_a,
         PREFETCH=_scale_prefetch(w.scheme, r.block_m, switches), PERSISTENT=persistent, **_tail(g, persistent),
-        WHOLE_CHUNK=_whole_chunk(w.scheme, switches),
+        WHOLE_CHUNK=_whole_chunk(w.scheme, r.block_m, g, switches),
         num_warps=g.num_warps, num_stages=g.num_stages, **(pdl or {}),
     )  # fmt: skip
 

@@ -47,12 +47,14 @@ class Switches:
         "decode MXFP4 weights with inline PTX (CUDA, bf16 activations) instead of Triton bit operations; "
         "bitwise the same result",
     )
-    mxfp4_whole_chunk: bool = _switch(
-        False,
+    mxfp4_whole_chunk: bool | None = _switch(
+        None,
         "MOE_TRITON_MXFP4_WHOLE_CHUNK",
         "MXFP4 tiles that take K in order (swapped operands, or at least 64 rows): one 64-deep MMA per "
         "64-value chunk instead of one per 32-value half, so no MMA of a K step waits for another into the "
-        "same accumulator (kernels.gemm._cat_k); the same products in the same order",
+        "same accumulator (kernels.gemm._cat_k); the same products in the same order; unset = as the tile "
+        "config says (GemmConfig.whole_chunk, set by the tuner per GEMM where it measured faster), 1 / 0 = "
+        "on / off everywhere",
     )
     fp8_prequant: bool = _switch(
         True,

@@ -15,6 +15,9 @@ wins (1 = off is always a candidate). Wherever the forward aligns its routing
 re-timed as persistent walks (``GemmConfig.persistent`` in ``PERSISTENT``). Weights are prepared first
 (``moe_triton.layout``), as the runner does.
 
+For MXFP4 the fastest tiles that take K in order are also re-timed with one 64-deep MMA per chunk
+(``GemmConfig.whole_chunk``), per GEMM and split.
+
 Once a token count's tiles are chosen, the whole forward on them is timed without and with
 programmatic dependent launch (CUDA SM90+), alternately, and the entry's ``pdl`` is set where it was
 faster by ``PDL_MIN_GAIN`` (``_choose_pdl``).
@@ -50,6 +53,7 @@ import triton
 
 from moe_core.tolerances import tolerance
 from moe_triton import kernel_configs, launch
+from moe_triton import switches as switches_mod
 from moe_triton import tma as tma_mod
 from moe_triton.compile_pool import Compiler, default_jobs
 from moe_triton.kernel_configs import (
@@ -90,6 +94,9 @@ PERSISTENT_TOP = 3
 TAILS = (32, 64)
 #: how many of each GEMM's fastest walks are re-timed with each tail
 TAIL_TOP = 2
+#: how many of each split's fastest MXFP4 tiles are re-timed with one 64-deep MMA per chunk
+#: (``GemmConfig.whole_chunk``, where ``whole_chunk_applies``)
+WHOLE_TOP = 3
 #: programmatic dependent launch is set in an entry (``KernelConfig.pdl``) only where the whole forward was at
 #: least this much faster with it: it moves forwards by a few percent either way, and below this the choice
 #: would follow the timing noise
@@ -264,13 +271,16 @@ def _time(make, split: int, gemms, agree: _Agreement | None = None, limit: float
     return times
 
 
-def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, tails=()) -> dict[int, dict]:
+def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, tails=(),
+            whole=None) -> dict[int, dict]:  # fmt: skip
     """Times per split of one GEMM: every candidate unsplit, then at decode each split in ``SPLITS`` on the
     ``SPLIT_TOP`` fastest unsplit tiles, and with ``walks`` (aligned routing) the ``PERSISTENT_TOP`` fastest
     unsplit tiles as persistent walks (``PERSISTENT`` programs per SM; a walk is never split), then the
     ``TAIL_TOP`` fastest walks with each few-row tile in ``tails`` (``GemmConfig.tail_m``; the caller's
-    ``TAILS`` below its BLOCK_M). ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing;
-    ``timer(make, split, tiles)`` times them (``_time``)."""
+    ``TAILS`` below its BLOCK_M). With ``whole`` (a tile -> whether ``GemmConfig.whole_chunk`` applies to it:
+    MXFP4), each split's ``WHOLE_TOP`` fastest tiles it applies to are timed again with it on.
+    ``warm(pairs)`` compiles (candidate, split) pairs ahead of timing; ``timer(make, split, tiles)`` times
+    them (``_time``)."""
     warm([(g, 1) for g in gemms])
     trials = {1: timer(make, 1, gemms)}
     if decode:
@@ -287,6 +297,12 @@ def _trials(make, gemms, decode: bool, warm, walks: bool = False, timer=_time, t
         tailed = [replace(g, tail_m=t) for g in fastest for t in tails]
         warm([(g, 1) for g in tailed])
         trials[1].update(timer(make, 1, tailed))
+    if whole is not None:
+        chunked = {split: [replace(g, whole_chunk=True) for g in sorted(times, key=times.get) if whole(g)][:WHOLE_TOP]
+                   for split, times in trials.items()}  # fmt: skip
+        warm([(g, split) for split, tiles in chunked.items() for g in tiles])
+        for split, tiles in chunked.items():
+            trials[split].update(timer(make, split, tiles))
     return trials
 
 
@@ -312,6 +328,10 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     descriptors = _descriptors(device)
     shapes = weights.shapes()
     limit = tolerance(scheme, config.dtype)
+    # GemmConfig.whole_chunk is timed only where the tile decides it (the switch, when set, decides for all)
+    chunks_free = scheme == "mxfp4" and current_switches().mxfp4_whole_chunk is None
+    if scheme == "mxfp4" and not chunks_free:
+        log(f"  {switches_mod.VARIABLES['mxfp4_whole_chunk']} is set: whole_chunk is not tuned (every entry keeps off)")
     result = {}
     for m in tokens:
         inputs = _inputs(config, m, device)
@@ -328,7 +348,9 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
                 tails = tuple(t for t in TAILS if t < block_m)
-                trials[kind] = _trials(make, gemms, decode, warm, walks, timer, tails)
+                whole = functools.partial(kernel_configs.whole_chunk_applies, scheme, block_m)
+                trials[kind] = _trials(make, gemms, decode, warm, walks, timer, tails,
+                                       whole if chunks_free else None)  # fmt: skip
                 if kind == "gemm1":
                     agree.restore()  # GEMM2's candidates read the first GEMM1 tile's output
             trials1, trials2 = trials["gemm1"], trials["gemm2"]

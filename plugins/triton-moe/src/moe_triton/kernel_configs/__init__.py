@@ -61,7 +61,13 @@ class GemmConfig:
     runs a ``tail_m``-row tile instead of a BLOCK_M one (swapped operands below 64 rows where BLOCK_N
     allows ``wgmma`` there). Each expert's rows end in such a block — at 1-2 blocks per expert most of
     the last one is padding — so large BLOCK_M keeps its few weight reads without computing the padding;
-    a power of two in ``[16, BLOCK_M)``."""
+    a power of two in ``[16, BLOCK_M)``.
+
+    ``whole_chunk`` (MXFP4 tiles that take K in order, ``whole_chunk_applies``; else ignored): one 64-deep MMA
+    per 64-value chunk instead of one per 32-value half (``kernels.gemm._cat_k``), so no MMA of a K step
+    waits for another into the same accumulator; the same products in the same order. What it gains depends
+    on the tile (it frees the K loop's waits but holds a chunk's whole decoded tile in registers), so the
+    tuner times it per GEMM; the ``mxfp4_whole_chunk`` switch, when set, overrides it."""
 
     block_n: int = 64
     block_k: int = 64
@@ -72,6 +78,13 @@ class GemmConfig:
     tma: bool = False
     persistent: int = 0
     tail_m: int = 0
+    whole_chunk: bool = False
+
+
+def whole_chunk_applies(scheme: str, block_m: int, tiles: GemmConfig) -> bool:
+    """Whether ``GemmConfig.whole_chunk`` changes a tile: MXFP4 whose MMA takes K in the order the chunk
+    stores it — swapped operands, or at least 64 rows (``kernels.gemm``'s ``in_order``)."""
+    return scheme == "mxfp4" and (tiles.swap_ab or block_m >= 64)
 
 
 @dataclass(frozen=True)
