@@ -9,6 +9,7 @@ split-K (GEMM1 partials and their in-kernel reduction), the MXFP4 chunk loop at 
 Importing it compiles nothing: ``sm90_loop.py`` reuses its argument types.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -69,19 +70,41 @@ def gemm_types(dt, wdt, sdt, out_dt=None):
     return t
 
 
-compiled = 0
+#: the variants ``main`` lists, compiled once the list is complete (``compile_all``)
+JOBS: list[tuple] = []
 
 
 def build(fn, types, constexprs, tag, num_warps=4, num_stages=3):
-    global compiled
-    src = ASTSource(fn, sig_of(fn, types, constexprs), constexprs)
-    k = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    """Add one variant to ``JOBS`` (its signature is fixed now: ``types`` may be a closure, which a worker
+    process inherits through fork but could not be sent)."""
+    JOBS.append((fn, sig_of(fn, types, constexprs), constexprs, tag, num_warps, num_stages))
+
+
+def compile_one(index: int) -> None:
+    fn, signature, constexprs, tag, num_warps, num_stages = JOBS[index]
+    k = triton.compile(ASTSource(fn, signature, constexprs), target=target,
+                       options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
     if DUMP is not None:
         DUMP.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
             (DUMP / f"{tag}.{ext}").write_text(k.asm[ext])
         (DUMP / f"{tag}.cubin").write_bytes(k.asm["cubin"])
-    compiled += 1
+
+
+def compile_all(jobs: int) -> int:
+    """Compile every listed variant, in ``jobs`` forked processes (each compile is single-threaded and
+    independent; Triton's cache is safe to share); the number compiled. The first failure stops the run
+    with its exception."""
+    if jobs <= 1 or len(JOBS) <= 1:
+        for i in range(len(JOBS)):
+            compile_one(i)
+        return len(JOBS)
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for _ in pool.imap_unordered(compile_one, range(len(JOBS))):
+            pass
+    return len(JOBS)
 
 
 def weight_types(scheme, dt):
@@ -135,9 +158,12 @@ def gemm2(scheme, bias=True, dt="bf16", block_k=128, by_token=False, asm=False, 
 
 
 def main() -> None:
-    """Compile every variant (``--dump DIR``: also write each one's TTGIR / PTX / cubin there)."""
+    """Compile every variant (``--dump DIR``: also write each one's TTGIR / PTX / cubin there; ``--jobs N``:
+    in N processes, default the CPUs this process may use)."""
     global DUMP
     DUMP = Path(sys.argv[sys.argv.index("--dump") + 1]) if "--dump" in sys.argv else None
+    jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else len(os.sched_getaffinity(0))
+    JOBS.clear()
     for scheme in (0, 1, 2):
         for act in (0, 1, 2):
             for bias in (False, True):
@@ -326,7 +352,7 @@ def main() -> None:
                   PER_GROUP=e // groups, SIGMOID=sigmoid, TOP2_SUM=sigmoid, HAS_BIAS=bias, RENORMALIZE=sigmoid,
                   BLOCK_M=min(64, 4096 // block_e), BLOCK_E=block_e)  # fmt: skip
         build(route._grouped_topk, types, rc, f"grouped_topk {dt} E={e} k={k} groups={groups}")
-    print("compiled", compiled, "kernels for sm90")
+    print("compiled", compile_all(jobs), "kernels for sm90")
 
 
 if __name__ == "__main__":
