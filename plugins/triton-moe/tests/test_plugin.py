@@ -448,6 +448,46 @@ def test_tuner_skips_candidates_that_fail_to_build_and_reraises_the_rest():
     assert _safe(lambda fn: 0.5, None, logged.append) == 0.5
 
 
+@pytest.mark.parametrize("forced", [None, False])
+def test_tuner_chooses_whole_mxfp4_chunks_per_gemm_where_they_time_faster(monkeypatch, forced):
+    """``tune_shape`` end to end on MXFP4 with a stand-in clock under which a whole-chunk GEMM1 is faster and a
+    whole-chunk GEMM2 slower: every candidate really runs (and agrees with the first), the entry takes whole
+    chunks in GEMM1 only. With the ``mxfp4_whole_chunk`` switch set no tile is timed with them (the switch
+    would make both variants the same launch), and the log says why."""
+    pytest.importorskip("triton")
+    from moe_core.synthetic import random_weights
+    from moe_triton import switches, tune
+    from moe_triton.kernel_configs import GemmConfig
+    from moe_triton.layout import prepare_weights
+
+    monkeypatch.setattr(tune, "candidates", lambda scheme, rows, tma=False: [(16, [GemmConfig(64, 64, 1, 4, 2, True)])])
+    monkeypatch.setattr(tune, "SPLITS", (2,))
+    monkeypatch.setattr(tune, "_pdl_available", lambda device: False)  # this clock times GEMM launches only
+    timed = []
+
+    def clock(fn):
+        fn()
+        first = fn.func.__name__ == "launch_gemm1"
+        tiles = fn.args[5] if first else fn.args[4]
+        timed.append((first, tiles.whole_chunk))
+        return 1.0 + (-0.5 if first else 0.5) * tiles.whole_chunk
+
+    monkeypatch.setattr(tune, "_bench", clock)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+    cfg = MoeConfig(8, 2, 128, 64, quant_scheme="mxfp4", activation="swiglu_oai", dtype=dtype, has_bias=True)
+    weights = prepare_weights("mxfp4", random_weights(cfg, DEVICE))
+    lines = []
+    with switches.override(mxfp4_whole_chunk=forced):
+        best = tune.tune_shape(cfg, weights, [1], DEVICE, log=lines.append)[1]
+    assert not any("not chosen" in line for line in lines), lines
+    if forced is None:
+        assert {(True, True), (False, True)} <= set(timed)
+        assert best.gemm1.whole_chunk and not best.gemm2.whole_chunk
+    else:
+        assert not any(w for _, w in timed) and not best.gemm1.whole_chunk
+        assert any("MOE_TRITON_MXFP4_WHOLE_CHUNK is set" in line for line in lines), lines
+
+
 def test_tuner_times_each_split_of_gemm1_and_picks_the_fastest(monkeypatch):
     """``tune_shape`` end to end at a toy shape with a stand-in clock: every candidate really runs (the
     split ones with their partials and counters), and each GEMM's fastest split wins."""
