@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import asdict
 
 import pytest
 
@@ -52,7 +53,8 @@ def test_a_user_entry_replaces_the_shipped_configs_of_its_key_and_token_counts_o
 @pytest.mark.parametrize(
     "text",
     ["{not json", json.dumps([1, 2]), json.dumps({"entries": {"k": {"1": {"block_m": 16}}}}),
-     json.dumps({"entries": {"k": {"one": MINE.as_dict()}}})],
+     json.dumps({"entries": {"k": {"one": MINE.as_dict()}}}),
+     json.dumps({"entries": {"k": {"1": {**MINE.as_dict(), "gemm1": {**asdict(MINE.gemm1), "whole_chunk": "yes"}}}}})],
 )  # fmt: skip
 def test_a_corrupt_user_table_warns_once_naming_it_and_the_shipped_table_applies(table_dir, text):
     path = table_dir / f"{SHIPPED}.json"

@@ -80,6 +80,11 @@ class GemmConfig:
     tail_m: int = 0
     whole_chunk: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("swap_ab", "tma", "whole_chunk"):  # a table's "yes" or 1 would reach a kernel as a constexpr
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
 
 def whole_chunk_applies(scheme: str, block_m: int, tiles: GemmConfig) -> bool:
     """Whether ``GemmConfig.whole_chunk`` changes a tile: MXFP4 whose MMA takes K in the order the chunk
