@@ -101,7 +101,7 @@ def bench_preset(scheme: str, preset: str, tokens: list[int], ceilings, device, 
         for label, values in settings_for(scheme, chosen):
             try:
                 with switches.override(**values), forced_direct(label == "direct-all"):
-                    out = runner(*inputs)
+                    out = runner(*inputs).clone()  # a backend may hand back a buffer the next call reuses
                     row = bench_row(preset, "triton", config, weights, runner, m, ceilings, device, repeat=repeat)
             except Exception as exc:  # one setting failing must not lose the others' rows
                 print(f"  FAILED {label} {preset} {scheme} M={m}: {type(exc).__name__}: {exc}", flush=True)

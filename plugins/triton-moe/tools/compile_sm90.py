@@ -81,9 +81,15 @@ def build(fn, types, constexprs, tag, num_warps=4, num_stages=3):
 
 
 def compile_one(index: int) -> None:
+    """Compile ``JOBS[index]``; a failure is raised as a RuntimeError naming the variant (a compiler's own
+    exception may not survive the trip back from a worker process)."""
     fn, signature, constexprs, tag, num_warps, num_stages = JOBS[index]
-    k = triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                       options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+    try:
+        k = triton.compile(ASTSource(fn, signature, constexprs), target=target,
+                           options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+    except Exception as exc:
+        raise RuntimeError(f"{tag} (warps={num_warps}, stages={num_stages}) did not compile: "
+                           f"{type(exc).__name__}: {exc}") from None  # fmt: skip
     if DUMP is not None:
         DUMP.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):

@@ -53,7 +53,6 @@ import triton
 
 from moe_core.tolerances import tolerance
 from moe_triton import kernel_configs, launch
-from moe_triton import switches as switches_mod
 from moe_triton import tma as tma_mod
 from moe_triton.compile_pool import Compiler, default_jobs
 from moe_triton.kernel_configs import (
@@ -66,7 +65,7 @@ from moe_triton.kernel_configs import (
 )
 from moe_triton.launch_args import Activation, AlignedRouting
 from moe_triton.sizes import cdiv
-from moe_triton.switches import Switches, current_switches
+from moe_triton.switches import VARIABLES, Switches, current_switches
 
 # (block_n, block_k, num_warps, num_stages)
 _DECODE = [
@@ -331,7 +330,7 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
     # GemmConfig.whole_chunk is timed only where the tile decides it (the switch, when set, decides for all)
     chunks_free = scheme == "mxfp4" and current_switches().mxfp4_whole_chunk is None
     if scheme == "mxfp4" and not chunks_free:
-        log(f"  {switches_mod.VARIABLES['mxfp4_whole_chunk']} is set: whole_chunk is not tuned (every entry keeps off)")
+        log(f"  {VARIABLES['mxfp4_whole_chunk']} is set: whole_chunk is not tuned (every entry keeps off)")
     result = {}
     for m in tokens:
         inputs = _inputs(config, m, device)
@@ -342,15 +341,14 @@ def tune_shape(config, weights, tokens: list[int], device, log=print, on_result=
             timer = functools.partial(_time, agree=agree, limit=limit, log=log)
             decode = m * k / e <= 16  # a GEMM may not fill the GPU: K splits are tried too
             walks = not kernel_configs.direct_decode(m, k, e)  # the forward aligns: persistent walks apply
+            whole = functools.partial(kernel_configs.whole_chunk_applies, scheme, block_m) if chunks_free else None
             trials = {}
             for kind, make in makes.items():
                 if kind == "gemm2_codes" and not any(launch.fp8_intermediate(scheme, g) for g in gemms):
                     continue  # no GEMM1 candidate writes codes
                 warm = functools.partial(compiler.warm, config, shapes, m, block_m, kind) if compiler else _no_warm
                 tails = tuple(t for t in TAILS if t < block_m)
-                whole = functools.partial(kernel_configs.whole_chunk_applies, scheme, block_m)
-                trials[kind] = _trials(make, gemms, decode, warm, walks, timer, tails,
-                                       whole if chunks_free else None)  # fmt: skip
+                trials[kind] = _trials(make, gemms, decode, warm, walks, timer, tails, whole)
                 if kind == "gemm1":
                     agree.restore()  # GEMM2's candidates read the first GEMM1 tile's output
             trials1, trials2 = trials["gemm1"], trials["gemm2"]
