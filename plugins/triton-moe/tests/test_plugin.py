@@ -160,6 +160,38 @@ def test_configs_ab_times_each_config_on_both_routings_and_fails_on_a_different_
     assert rows[1]["entry"] == mine.as_dict()
 
 
+def test_configs_ab_changes_fields_of_a_source_and_reports_a_config_that_fails(tmp_path):
+    """``tools/configs_ab.py``'s ``SOURCE+FIELD=VALUE``: the changes apply at once (a smaller block and the tail
+    it needs, in either order), a misspelt field or a non-JSON value is named before anything runs (exit 2),
+    and a config that cannot launch becomes a row with its error while the others are timed (exit 1)."""
+    import importlib.util
+
+    from moe_triton import kernel_configs as kc
+
+    spec = importlib.util.spec_from_file_location("configs_ab", Path(__file__).parents[1] / "tools" / "configs_ab.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    base = kc.KernelConfig(128, kc.GemmConfig(64, tail_m=64), kc.GemmConfig(128))
+    for order in (["gemm1.tail_m=16", "block_m=32"], ["block_m=32", "gemm1.tail_m=16"]):
+        got = tool.changed(base, [*order, "gemm2.whole_chunk=true", "pdl=true"])
+        assert (got.block_m, got.gemm1.tail_m, got.gemm1.block_n) == (32, 16, 64)
+        assert got.gemm2.whole_chunk and got.pdl
+    with pytest.raises(ValueError, match="tail_m=64 must be"):
+        tool.changed(base, ["block_m=64"])
+    common = ["--device", DEVICE, "--shape", "8,2,64,32", "--scheme", "fp32", "--dtype", "float32", "--tokens", "24",
+              "--rounds", "1", "--repeat", "1", "--config", "heur=selected"]  # fmt: skip
+    for bad in ("gemm1.block_nn=32", "gemm3.block_n=32", "gemm1.swap_ab=yes"):
+        assert tool.main([*common, "--config", f"x=selected+{bad}"]) == 2
+    out = tmp_path / "ab.json"
+    argv = [*common, "--config", "narrow=selected+gemm1.block_n=16", "--config", "odd=selected+gemm1.block_n=48",
+            "--json", str(out)]  # fmt: skip
+    assert tool.main(argv) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["config"], "error" in r) for r in rows[:3]] == [("heur", False), ("narrow", False), ("odd", True)]
+    assert rows[1]["entry"]["gemm1"]["block_n"] == 16 and rows[1]["same"] and rows[1]["us"] > 0
+    assert rows[2]["error"] and rows[2]["same"] is False
+
+
 def test_heuristic_and_tuned_configs(tmp_path, monkeypatch):
     from moe_triton import kernel_configs
 

@@ -13,9 +13,14 @@ Configs (``--config NAME=SOURCE``, repeatable; default: every shipped table's en
 ``selected`` (what a forward on this device picks: user table, shipped table, heuristic), ``shipped:SLUG``
 (a shipped table's entry, e.g. ``shipped:NVIDIA_H200``), ``file:PATH`` (a table file as ``moe tune triton``
 writes it). A table gives the entry of the layer's shape at the nearest M, as a forward looks it up.
+A source may end in field changes, ``+FIELD=VALUE`` each (``block_m``, ``split_k``, ``split_k2``, ``pdl``, or
+``gemm1.`` / ``gemm2.`` and a ``GemmConfig`` field; VALUE in JSON: ``true``, ``128``), to time one field of
+an entry against the entry as it is: ``wc=shipped:NVIDIA_H200+gemm1.whole_chunk=true``. A config that does
+not compile or launch (shared memory, registers) is reported as a row with its error, and the others run.
 
     python plugins/triton-moe/tools/configs_ab.py --preset gpt-oss-120b --scheme mxfp4 --tokens 2048 \\
-        --config shipped=selected --config mine=file:/tmp/table.json --profile --json configs_ab.json
+        --config shipped=selected --config mine=file:/tmp/table.json \\
+        --config wide=selected+gemm1.block_n=128+gemm1.num_warps=8 --profile --json configs_ab.json
 
 ``--shape E,k,H,I`` replaces the preset by a small layer (``--device cpu`` with ``TRITON_INTERPRET=1``: a
 smoke run of this tool).
@@ -45,8 +50,38 @@ def layer_config(args):
     return PRESETS[args.preset].config(args.scheme, dtype)
 
 
+def changed(config, changes: list[str]):
+    """``config`` with every ``FIELD=VALUE`` of ``changes`` applied at once (``gemm1.``/``gemm2.`` for a GEMM's
+    tiles), so their order does not matter; the dataclasses' own checks refuse a bad value or combination."""
+    from dataclasses import fields, replace
+
+    from moe_triton import kernel_configs as kc
+
+    layer = [f.name for f in fields(kc.KernelConfig) if f.name not in ("gemm1", "gemm2")]
+    tiles = [f.name for f in fields(kc.GemmConfig)]
+    top, per_gemm = {}, {"gemm1": {}, "gemm2": {}}
+    for change in changes:
+        name, eq, text = change.partition("=")
+        gemm, _, field = name.rpartition(".")
+        if not eq or field not in (tiles if gemm else layer) or gemm not in ("", *per_gemm):
+            raise ValueError(f"{change!r}: expected FIELD=VALUE, FIELD one of {', '.join(layer)} or gemm1./gemm2. "
+                             f"and one of {', '.join(tiles)}")  # fmt: skip
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise ValueError(f"{change!r}: the value must be JSON (true, false, a number)") from None
+        (per_gemm[gemm] if gemm else top)[field] = value
+    gemms = {g: replace(getattr(config, g), **c) for g, c in per_gemm.items() if c}
+    return replace(config, **top, **gemms)
+
+
 def resolve(source: str, cfg, m: int, device):
-    """The ``KernelConfig`` a ``--config`` source names for this layer at ``m`` tokens."""
+    """The ``KernelConfig`` a ``--config`` source names for this layer at ``m`` tokens, with its field changes."""
+    source, *changes = source.split("+")
+    return changed(_base(source, cfg, m, device), changes)
+
+
+def _base(source: str, cfg, m: int, device):
     from moe_triton import kernel_configs as kc
 
     shape = (cfg.quant_scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
@@ -106,8 +141,17 @@ def run(cfg, plan: dict, sources: dict, device, rounds: int = 2, repeat: int = 5
                         launch.run_fused_moe(x, r, tw, weights.gemm1(), weights.gemm2(), act, out, config=kernel_config,
                                              router_on_input=cfg.apply_router_weight_on_input)  # fmt: skip
 
-                    us, how = time_forward(fn, device, repeat=repeat)
-                    fn()
+                    try:
+                        us, how = time_forward(fn, device, repeat=repeat)
+                        fn()
+                    except Exception as exc:  # a tile this GPU cannot run: say so, time the others
+                        log(f"M={m} round {rnd} {routing:<8} {name:<20} failed: {exc!r:.300}")
+                        rows.append({"M": m, "round": rnd, "routing": routing, "config": name,
+                                     "source": sources[name], "error": repr(exc)[:1000], "same": False,
+                                     "entry": kernel_config.as_dict()})  # fmt: skip
+                        if device.type == "cuda":
+                            torch.cuda.synchronize()
+                        continue
                     err = 0.0 if first is None else relative_l2(out, first)
                     first = out if first is None else first
                     counts = torch.bincount(r.flatten().long(), minlength=cfg.num_experts)
