@@ -161,9 +161,10 @@ def test_configs_ab_times_each_config_on_both_routings_and_fails_on_a_different_
 
 
 def test_configs_ab_changes_fields_of_a_source_and_reports_a_config_that_fails(tmp_path):
-    """``tools/configs_ab.py``'s ``SOURCE+FIELD=VALUE``: the changes apply at once (a smaller block and the tail
-    it needs, in either order), a misspelt field or a non-JSON value is named before anything runs (exit 2),
-    and a config that cannot launch becomes a row with its error while the others are timed (exit 1)."""
+    """``tools/configs_ab.py``'s ``SOURCE@M`` (the entry tuned at M, whatever M is timed) and ``SOURCE+FIELD=VALUE``:
+    the changes apply at once (a smaller block and the tail it needs, in either order); a misspelt field, a
+    non-JSON value or an M the table lacks is named before anything runs (exit 2); a config that cannot launch
+    becomes a row with its error while the others are timed (exit 1)."""
     import importlib.util
 
     from moe_triton import kernel_configs as kc
@@ -172,6 +173,14 @@ def test_configs_ab_changes_fields_of_a_source_and_reports_a_config_that_fails(t
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     base = kc.KernelConfig(128, kc.GemmConfig(64, tail_m=64), kc.GemmConfig(128))
+    small, large = kc.KernelConfig(16, kc.GemmConfig(16), kc.GemmConfig(16)), kc.KernelConfig(32)
+    table = tmp_path / "table.json"
+    per_m = {"16": small.as_dict(), "64": large.as_dict()}
+    table.write_text(json.dumps({"entries": {kc.table_key("fp32", 8, 64, 32, 2): per_m}}))
+    cfg = MoeConfig(8, 2, 64, 32, quant_scheme="fp32", dtype=torch.float32)
+    assert tool.resolve(f"file:{table}", cfg, 24, DEVICE) == small  # the nearest M, as a forward picks
+    assert tool.resolve(f"file:{table}@64", cfg, 24, DEVICE) == large  # the entry at exactly 64
+    assert tool.resolve(f"file:{table}@64+block_m=64", cfg, 24, DEVICE) == replace(large, block_m=64)
     for order in (["gemm1.tail_m=16", "block_m=32"], ["block_m=32", "gemm1.tail_m=16"]):
         got = tool.changed(base, [*order, "gemm2.whole_chunk=true", "pdl=true"])
         assert (got.block_m, got.gemm1.tail_m, got.gemm1.block_n) == (32, 16, 64)
@@ -180,8 +189,8 @@ def test_configs_ab_changes_fields_of_a_source_and_reports_a_config_that_fails(t
         tool.changed(base, ["block_m=64"])
     common = ["--device", DEVICE, "--shape", "8,2,64,32", "--scheme", "fp32", "--dtype", "float32", "--tokens", "24",
               "--rounds", "1", "--repeat", "1", "--config", "heur=selected"]  # fmt: skip
-    for bad in ("gemm1.block_nn=32", "gemm3.block_n=32", "gemm1.swap_ab=yes"):
-        assert tool.main([*common, "--config", f"x=selected+{bad}"]) == 2
+    for bad in ("selected+gemm1.block_nn=32", "selected+gemm3.block_n=32", "selected+gemm1.swap_ab=yes", "file:t@99"):
+        assert tool.main([*common, "--config", f"x={bad.replace('t@', f'{table}@')}"]) == 2
     out = tmp_path / "ab.json"
     argv = [*common, "--config", "narrow=selected+gemm1.block_n=16", "--config", "odd=selected+gemm1.block_n=48",
             "--json", str(out)]  # fmt: skip

@@ -12,7 +12,9 @@ differs is reported and the exit status is 1.
 Configs (``--config NAME=SOURCE``, repeatable; default: every shipped table's entry and ``selected``):
 ``selected`` (what a forward on this device picks: user table, shipped table, heuristic), ``shipped:SLUG``
 (a shipped table's entry, e.g. ``shipped:NVIDIA_H200``), ``file:PATH`` (a table file as ``moe tune triton``
-writes it). A table gives the entry of the layer's shape at the nearest M, as a forward looks it up.
+writes it). A table gives the entry of the layer's shape at the nearest M, as a forward looks it up, or
+with ``@M`` the entry tuned at exactly M tokens (``shipped:NVIDIA_H200@512``), whatever M is timed: the
+way to check where one entry should take over from the next.
 A source may end in field changes, ``+FIELD=VALUE`` each (``block_m``, ``split_k``, ``split_k2``, ``pdl``, or
 ``gemm1.`` / ``gemm2.`` and a ``GemmConfig`` field; VALUE in JSON: ``true``, ``128``), to time one field of
 an entry against the entry as it is: ``wc=shipped:NVIDIA_H200+gemm1.whole_chunk=true``. A config that does
@@ -88,6 +90,7 @@ def _base(source: str, cfg, m: int, device):
     if source == "selected":
         return kc.select_config(*shape, m, device)
     kind, _, where = source.partition(":")
+    where, at, exact = where.partition("@")
     if kind == "shipped":
         entries = kc.shipped_table(where)
     elif kind == "file":
@@ -97,6 +100,11 @@ def _base(source: str, cfg, m: int, device):
     entry = entries.get(kc.table_key(*shape))
     if not entry:
         raise ValueError(f"{source} has no entry for {kc.table_key(*shape)}")
+    if at:
+        if not exact.isdigit() or int(exact) not in entry:
+            have = ", ".join(map(str, sorted(entry)))
+            raise ValueError(f"{source}: {kc.table_key(*shape)} has entries at M = {have}")
+        m = int(exact)
     return kc.entry_at(entry, m, cfg.quant_scheme)
 
 
@@ -114,7 +122,7 @@ def _kernels(fn, device) -> dict:
 
 
 def run(cfg, plan: dict, sources: dict, device, rounds: int = 2, repeat: int = 50, profile: bool = False,
-        log=print) -> list[dict]:  # fmt: skip
+        log=print, routings=ROUTINGS) -> list[dict]:  # fmt: skip
     """Rows of every (M, round, routing, config) of ``plan`` (M -> name -> ``KernelConfig``; ``sources``: name ->
     where it came from), timed as CUDA-graph medians (``moe_core.timing``)."""
     from moe_core.synthetic import balanced_routing, random_inputs
@@ -130,9 +138,10 @@ def run(cfg, plan: dict, sources: dict, device, rounds: int = 2, repeat: int = 5
     rows = []
     for m, chosen in plan.items():
         x, ids, tw = random_inputs(cfg, m, device)
-        routings = dict(zip(ROUTINGS, (ids, balanced_routing(m, cfg.num_experts, cfg.top_k, device)[0]), strict=True))
+        routed = {name: ids if name == "random" else balanced_routing(m, cfg.num_experts, cfg.top_k, device)[0]
+                  for name in routings}  # fmt: skip
         for rnd in range(1, rounds + 1):
-            for routing, r in routings.items():
+            for routing, r in routed.items():
                 first = None
                 for name, kernel_config in chosen.items():
                     out = torch.empty_like(x)
@@ -176,8 +185,12 @@ def main(argv=None) -> int:
     p.add_argument("--scheme", default="bf16", help="bf16, fp8_block, mxfp4, ... (default bf16)")
     p.add_argument("--dtype", default="bfloat16", help="activations' torch dtype (default bfloat16)")
     p.add_argument("--tokens", default="2048", help="comma list of M (default 2048)")
-    sources = "selected | shipped:SLUG | file:PATH (repeatable; default: selected and every shipped table)"
+    sources = (
+        "selected | shipped:SLUG[@M] | file:PATH[@M], each optionally +FIELD=VALUE... (repeatable; default: "
+        "selected and every shipped table)"
+    )
     p.add_argument("--config", action="append", default=[], metavar="NAME=SOURCE", help=sources)
+    p.add_argument("--routings", default=",".join(ROUTINGS), help=f"comma list of {', '.join(ROUTINGS)} (default both)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--repeat", type=int, default=50, help="timed samples per row; the median is reported")
     p.add_argument("--profile", action="store_true", help="also the three largest kernels of each row (round 1)")
@@ -194,6 +207,9 @@ def main(argv=None) -> int:
         p.error("each --config is NAME=SOURCE")
     if not configs:
         configs = {"selected": "selected", **{slug: f"shipped:{slug}" for slug in kc.shipped_slugs()}}
+    routings = args.routings.split(",")
+    if not routings or set(routings) - set(ROUTINGS):
+        p.error(f"--routings: {args.routings!r}; known: {', '.join(ROUTINGS)}")
     cfg = layer_config(args)
     try:  # every config found before anything is timed
         plan = {m: {name: resolve(source, cfg, m, device) for name, source in configs.items()}
@@ -201,7 +217,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as exc:  # a source without an entry for this layer, or no such file: say which
         print(f"configs_ab: {exc}", file=sys.stderr)
         return 2
-    rows = run(cfg, plan, configs, device, args.rounds, args.repeat, args.profile)
+    rows = run(cfg, plan, configs, device, args.rounds, args.repeat, args.profile, routings=routings)
     if args.json:
         document = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "layer": repr(cfg), "configs": configs, "rows": rows}  # fmt: skip
