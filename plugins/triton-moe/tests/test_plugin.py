@@ -595,6 +595,48 @@ def test_tuner_sets_pdl_where_the_whole_forward_was_faster_with_it(monkeypatch, 
     assert kernel_configs.parse_table(path.read_text())["k"][20].pdl is chosen
 
 
+@pytest.mark.parametrize(
+    "speed,perturb,added",
+    [
+        ({3: 0.9}, False, {2: "a", 3: "b", 5: "b"}),  # the far neighbour wins at 3: every probed count gets its winner
+        ({2: 0.99, 5: 1.5}, False, {}),  # within BOUNDARY_MIN_GAIN, or the nearest wins: nothing added
+        ({3: 0.9}, True, {}),  # faster but another output: not used
+    ],
+)
+def test_tuner_adds_entries_where_the_nearest_entry_is_the_slower_neighbour(monkeypatch, speed, perturb, added):
+    """``boundary_entries``: between adjacent entries (one of them tuned now), the whole forward runs on both
+    neighbours at ``probe_points``; where the one the nearest-M rule does not pick is ``BOUNDARY_MIN_GAIN``
+    faster at some count (and writes the same output), every probed count gets the entry that won there.
+    Pairs with one config, or with neither count tuned now, are not timed. A stand-in clock: ``speed`` is
+    the far neighbour's time (against 1.0) per probed count."""
+    pytest.importorskip("triton")
+    from moe_triton import tune
+    from moe_triton.kernel_configs import GemmConfig, KernelConfig
+
+    cfg = MoeConfig(8, 2, 64, 64, quant_scheme="fp32", activation="silu", dtype=torch.float32)
+    weights = tune.prepare_weights_for(cfg, DEVICE)
+    a, b = KernelConfig(16, GemmConfig(32, 32, 1, 4, 2), GemmConfig(32, 32, 1, 4, 2)), KernelConfig(16)
+    entry = {1: a, 8: b, 64: b, 512: a}  # 8-64: one config; 64-512: neither tuned below
+    timed = []
+
+    def clock(fn):
+        fn()
+        m, config = fn.args[0].shape[0], fn.keywords["config"]
+        timed.append(m)
+        far = config == (b if m - 1 <= 8 - m else a)
+        if far and perturb:
+            fn.out.add_(1.0)
+        return speed.get(m, 1.1) if far else 1.0
+
+    monkeypatch.setattr(tune, "_bench", clock)
+    lines = []
+    got = tune.boundary_entries(cfg, weights, entry, {1, 8}, DEVICE, log=lines.append)
+    assert got == {m: {"a": a, "b": b}[n] for m, n in added.items()}
+    assert sorted(set(timed)) == tune.probe_points(1, 8) == [2, 3, 5]
+    assert len(timed) == 2 * tune.BOUNDARY_ROUNDS * 3
+    assert any("another output" in line for line in lines) is perturb
+
+
 def test_pdl_is_not_chosen_when_it_changes_the_output():
     """PDL changes when kernels start, not what they compute: a forward whose output differs with it is
     reported and left plain, however fast."""

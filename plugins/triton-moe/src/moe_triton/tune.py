@@ -22,6 +22,12 @@ Once a token count's tiles are chosen, the whole forward on them is timed withou
 programmatic dependent launch (CUDA SM90+), alternately, and the entry's ``pdl`` is set where it was
 faster by ``PDL_MIN_GAIN`` (``_choose_pdl``).
 
+A forward takes the entry tuned at the nearest token count (``kernel_configs.entry_at``), and between two
+tuned counts far apart that rule can pick the slower neighbour by a wide margin. So once a preset is tuned,
+the whole forward is timed on both neighbours of each pair of adjacent entries at a few token counts between
+them (``probe_points``); where the entry the rule does not pick was ``BOUNDARY_MIN_GAIN`` faster at any of
+them, every probed count of that pair gets an entry with the tiles that won there (``boundary_entries``).
+
 Every timed candidate's output is compared with the output the first candidate
 of the same launch wrote (the heuristic tile, which every list starts with),
 and one that disagrees by more than the scheme's tolerance
@@ -41,6 +47,7 @@ write so this process's next forward sees it.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import time
@@ -102,6 +109,14 @@ WHOLE_TOP = 3
 PDL_MIN_GAIN = 0.005
 #: alternating timings of the forward without and with programmatic dependent launch (the fastest of each kept)
 PDL_ROUNDS = 3
+#: between adjacent entries tuned at a < b tokens, both are timed at a * (b / a) ** (i / BOUNDARY_STEPS) tokens,
+#: i = 1 .. BOUNDARY_STEPS - 1: evenly on a log scale, since a tile's fit follows the rows per expert
+BOUNDARY_STEPS = 4
+#: entries are added between two neighbours only where the one the nearest-M rule does not pick ran at least
+#: this much faster somewhere between them
+BOUNDARY_MIN_GAIN = 0.02
+#: alternating timings of the two neighbours at each probed token count (the fastest of each kept)
+BOUNDARY_ROUNDS = 2
 
 
 def swap_worth_trying(scheme: str, block_m: int) -> bool:
@@ -423,6 +438,64 @@ def _choose_pdl(forwards: dict, bench=None, log=print) -> tuple[bool, float, flo
     return faster, plain, dependent
 
 
+def probe_points(a: int, b: int) -> list[int]:
+    """Token counts strictly between ``a`` and ``b`` at which both neighbours are timed (``BOUNDARY_STEPS``)."""
+    points = {round(a * (b / a) ** (i / BOUNDARY_STEPS)) for i in range(1, BOUNDARY_STEPS)}
+    return sorted(p for p in points if a < p < b)
+
+
+def _entry_forward(config, weights, m: int, entry: KernelConfig, device):
+    """The whole forward of ``m`` tokens on ``entry`` (its own PDL choice, unless the switch is set), writing
+    its own output (``.out``), as a forward that looked ``entry`` up would run."""
+    from moe_core.synthetic import random_inputs
+
+    x, ids, tw = random_inputs(config, m, device)
+    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
+    out = torch.empty_like(x)
+    fn = functools.partial(launch.run_fused_moe, x, ids, tw, weights.gemm1(), weights.gemm2(), act, out,
+                           router_on_input=config.apply_router_weight_on_input, config=entry)  # fmt: skip
+    fn.out = out
+    return fn
+
+
+def boundary_entries(config, weights, entry: dict[int, KernelConfig], tuned, device, bench=None,
+                     log=print) -> dict[int, KernelConfig]:  # fmt: skip
+    """Entries to add to one layer's ``entry`` (token count -> config) so that between each pair of adjacent
+    token counts of which one is in ``tuned``, the forward at every ``probe_points`` count runs on the
+    neighbour that was faster there — added only for a pair where, at some probed count, the neighbour the
+    nearest-M rule does not pick was ``BOUNDARY_MIN_GAIN`` faster and wrote the same output within the
+    scheme's tolerance. Pairs with the same config are not timed."""
+    limit = tolerance(config.quant_scheme, config.dtype)
+    ms = sorted(entry)
+    added = {}
+    for a, b in itertools.pairwise(ms):
+        if entry[a] == entry[b] or not ({a, b} & set(tuned)):
+            continue
+        winners, wrong = {}, False
+        for p in probe_points(a, b):
+            near, far = (a, b) if p - a <= b - p else (b, a)  # entry_at's rule: the nearest, a tie to the smaller
+            forwards = {n: _entry_forward(config, weights, p, entry[n], device) for n in (near, far)}
+            times = {n: [] for n in forwards}
+            for _ in range(BOUNDARY_ROUNDS):
+                for n, fn in forwards.items():
+                    times[n].append(_safe(bench or _bench, fn, log))
+            t_near, t_far = min(times[near]), min(times[far])
+            ref, out = forwards[near].out.float(), forwards[far].out.float()
+            err = float((out - ref).norm() / ref.norm()) if ref.norm() else float((out - ref).norm())
+            faster = t_far < t_near * (1 - BOUNDARY_MIN_GAIN)
+            if faster and not err <= limit:
+                log(f"  M={p}: the entry tuned at {far} wrote another output than the one at {near} (relative L2 "
+                    f"{err:.2e}): not used")  # fmt: skip
+                faster = False
+            winners[p] = far if faster else near
+            wrong |= faster
+            log(f"  M={p}: entry tuned at {near} (the nearest) {t_near * 1e3:.1f} us, at {far} {t_far * 1e3:.1f} us"
+                f"{f' -> the {far} tiles' if faster else ''}")  # fmt: skip
+        if wrong:
+            added.update({p: entry[n] for p, n in winners.items()})
+    return added
+
+
 def _descriptors(device) -> bool:
     """Whether tiles through tensor descriptors are worth trying here: an SM90+ GPU (``moe_triton.tma``)."""
     device = torch.device(device)
@@ -533,8 +606,14 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
             t0 = time.time()
             key = table_key(scheme, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k)
             # written after every token count, so an interrupted run keeps what it measured
-            tune_shape(cfg, weights, tokens, device, log, compiler=compiler,
-                       on_result=lambda m, best, key=key: write_table(path, device, {key: {m: best}}))  # fmt: skip
+            save = lambda m, best, key=key: write_table(path, device, {key: {m: best}})
+            tuned = tune_shape(cfg, weights, tokens, device, log, on_result=save, compiler=compiler)
+            entry = kernel_configs.parse_table(path.read_text()).get(key, {})
+            added = boundary_entries(cfg, weights, entry, tuned, device, log=log)
+            if added:
+                write_table(path, device, {key: added})
+                log(f"  {name}: entries added at M = {', '.join(map(str, sorted(added)))}, where the nearest tuned "
+                    f"entry was slower than its neighbour")  # fmt: skip
             log(f"  {name}: {time.time() - t0:.0f} s -> {path}")
             del weights
             torch.cuda.empty_cache()
