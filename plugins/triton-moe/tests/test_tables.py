@@ -76,6 +76,13 @@ def test_a_user_table_that_is_a_directory_is_ignored_with_a_warning(table_dir):
         assert kernel_configs.tables(SHIPPED) == kernel_configs.shipped_table(SHIPPED)
 
 
+def _tune_shape_choosing_mine(config, weights, tokens, device, log, on_result, compiler=None):
+    """``tune.tune_shape`` with the measuring replaced: ``MINE`` at every token count, saved as it goes."""
+    for m in tokens:
+        on_result(m, MINE)
+    return dict.fromkeys(tokens, MINE)
+
+
 def test_tuning_writes_into_the_user_directory_and_the_next_forward_sees_it(tmp_path, monkeypatch):
     """``tune_presets`` with the measuring replaced by a fixed result: the default output is the user's
     table under ``MOE_CACHE_DIR``, merged with what is there, and a config selected before the write is
@@ -91,12 +98,7 @@ def test_tuning_writes_into_the_user_directory_and_the_next_forward_sees_it(tmp_
     kept = kernel_configs.table_key("fp32", 4, 64, 64, 1)
     _write(tmp_path / "triton" / "cpu.json", {kept: {"8": MINE.as_dict()}})
 
-    def fake_tune_shape(config, weights, tokens, device, log, on_result, compiler=None):
-        for m in tokens:
-            on_result(m, MINE)
-        return dict.fromkeys(tokens, MINE)
-
-    monkeypatch.setattr(tune, "tune_shape", fake_tune_shape)
+    monkeypatch.setattr(tune, "tune_shape", _tune_shape_choosing_mine)
     lines = []
     path = tune.tune_presets(["tiny"], "fp32", [1, 64], None, device="cpu", log=lines.append)
     assert path == tmp_path / "triton" / "cpu.json" == kernel_configs.user_table_path("cpu")
@@ -110,6 +112,36 @@ def test_tuning_writes_into_the_user_directory_and_the_next_forward_sees_it(tmp_
     output = tmp_path / "elsewhere" / "table.json"
     assert tune.tune_presets(["tiny"], "fp32", [8], output, device="cpu", log=lines.append) == output
     assert list(json.loads(output.read_text())["entries"][key]) == ["8"]
+
+
+def test_tuning_checks_the_boundaries_of_the_entries_a_forward_would_choose_from(tmp_path, monkeypatch):
+    """After a preset's token counts, ``tune_presets`` hands ``boundary_entries`` the entries a forward would
+    choose from — the shipped table's, with the token counts just written replacing its own — and the counts
+    it tuned, and merges what comes back into the table it writes."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+
+    from moe_triton import tune
+
+    key = kernel_configs.table_key("fp32", 8, 128, 256, 2)  # the "tiny" preset
+    shipped_cfg, added_cfg = replace(MINE, block_m=32), replace(MINE, block_m=64)
+    monkeypatch.setattr(kernel_configs, "shipped_table", lambda slug: {key: {1: shipped_cfg, 512: shipped_cfg}})
+
+    monkeypatch.setattr(tune, "tune_shape", _tune_shape_choosing_mine)
+    seen = []
+
+    def boundaries(config, weights, entry, tuned, device, bench=None, log=print):
+        seen.append((entry, set(tuned)))
+        return {16: added_cfg}
+
+    monkeypatch.setattr(tune, "boundary_entries", boundaries)
+    lines = []
+    output = tmp_path / "table.json"
+    tune.tune_presets(["tiny"], "fp32", [1, 64], output, device="cpu", log=lines.append)
+    assert seen == [({1: MINE, 64: MINE, 512: shipped_cfg}, {1, 64})]
+    written = kernel_configs.parse_table(output.read_text())[key]
+    assert written == {1: MINE, 16: added_cfg, 64: MINE}
+    assert any("entries added at M = 16" in line for line in lines)
 
 
 def test_writing_over_a_corrupt_table_warns_and_replaces_it(tmp_path):

@@ -24,7 +24,8 @@ faster by ``PDL_MIN_GAIN`` (``_choose_pdl``).
 
 A forward takes the entry tuned at the nearest token count (``kernel_configs.entry_at``), and between two
 tuned counts far apart that rule can pick the slower neighbour by a wide margin. So once a preset is tuned,
-the whole forward is timed on both neighbours of each pair of adjacent entries at a few token counts between
+the whole forward is timed on both neighbours of each pair of adjacent entries (the shipped table's with the
+written ones over them, one of the pair tuned in this run) at a few token counts between
 them (``probe_points``); where the entry the rule does not pick was ``BOUNDARY_MIN_GAIN`` faster at any of
 them, every probed count of that pair gets an entry with the tiles that won there (``boundary_entries``).
 
@@ -608,7 +609,10 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
             # written after every token count, so an interrupted run keeps what it measured
             save = lambda m, best, key=key: write_table(path, device, {key: {m: best}})
             tuned = tune_shape(cfg, weights, tokens, device, log, on_result=save, compiler=compiler)
-            entry = kernel_configs.parse_table(path.read_text()).get(key, {})
+            # the entries a forward would choose from: the shipped table's, those written here replacing its
+            # token counts (as kernel_configs.tables merges the user's table)
+            shipped = kernel_configs.shipped_table(device_slug(device)).get(key, {})
+            entry = {**shipped, **kernel_configs.parse_table(path.read_text()).get(key, {})}
             added = boundary_entries(cfg, weights, entry, tuned, device, log=log)
             if added:
                 write_table(path, device, {key: added})
