@@ -601,6 +601,7 @@ def test_tuner_sets_pdl_where_the_whole_forward_was_faster_with_it(monkeypatch, 
         ({3: 0.9}, False, {2: "a", 3: "b", 5: "b"}),  # the far neighbour wins at 3: every probed count gets its winner
         ({2: 0.99, 5: 1.5}, False, {}),  # within BOUNDARY_MIN_GAIN, or the nearest wins: nothing added
         ({3: 0.9}, True, {}),  # faster but another output: not used
+        ({"near 2": float("inf")}, True, {2: "b", 3: "a", 5: "b"}),  # the nearest did not run: nothing to compare
     ],
 )
 def test_tuner_adds_entries_where_the_nearest_entry_is_the_slower_neighbour(monkeypatch, speed, perturb, added):
@@ -608,7 +609,8 @@ def test_tuner_adds_entries_where_the_nearest_entry_is_the_slower_neighbour(monk
     neighbours at ``probe_points``; where the one the nearest-M rule does not pick is ``BOUNDARY_MIN_GAIN``
     faster at some count (and writes the same output), every probed count gets the entry that won there.
     Pairs with one config, or with neither count tuned now, are not timed. A stand-in clock: ``speed`` is
-    the far neighbour's time (against 1.0) per probed count."""
+    the far neighbour's time (against 1.0, else 1.1) per probed count, ``near M`` the nearest's (inf: it did
+    not run); ``perturb`` changes the far neighbour's output."""
     pytest.importorskip("triton")
     from moe_triton import tune
     from moe_triton.kernel_configs import GemmConfig, KernelConfig
@@ -626,7 +628,7 @@ def test_tuner_adds_entries_where_the_nearest_entry_is_the_slower_neighbour(monk
         far = config == (b if m - 1 <= 8 - m else a)
         if far and perturb:
             fn.out.add_(1.0)
-        return speed.get(m, 1.1) if far else 1.0
+        return speed.get(m, 1.1) if far else speed.get(f"near {m}", 1.0)
 
     monkeypatch.setattr(tune, "_bench", clock)
     lines = []
@@ -634,7 +636,7 @@ def test_tuner_adds_entries_where_the_nearest_entry_is_the_slower_neighbour(monk
     assert got == {m: {"a": a, "b": b}[n] for m, n in added.items()}
     assert sorted(set(timed)) == tune.probe_points(1, 8) == [2, 3, 5]
     assert len(timed) == 2 * tune.BOUNDARY_ROUNDS * 3
-    assert any("another output" in line for line in lines) is perturb
+    assert any("another output" in line for line in lines) is (perturb and added == {})
 
 
 def test_pdl_is_not_chosen_when_it_changes_the_output():

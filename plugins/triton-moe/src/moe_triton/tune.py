@@ -481,9 +481,11 @@ def boundary_entries(config, weights, entry: dict[int, KernelConfig], tuned, dev
                 for n, fn in forwards.items():
                     times[n].append(_safe(bench or _bench, fn, log))
             t_near, t_far = min(times[near]), min(times[far])
-            ref, out = forwards[near].out.float(), forwards[far].out.float()
-            err = float((out - ref).norm() / ref.norm()) if ref.norm() else float((out - ref).norm())
             faster = t_far < t_near * (1 - BOUNDARY_MIN_GAIN)
+            err = 0.0  # a nearest entry that did not run (infinite time) wrote nothing to compare with
+            if faster and t_near != float("inf"):
+                ref, out = forwards[near].out.float(), forwards[far].out.float()
+                err = float((out - ref).norm() / ref.norm()) if ref.norm() else float((out - ref).norm())
             if faster and not err <= limit:
                 log(f"  M={p}: the entry tuned at {far} wrote another output than the one at {near} (relative L2 "
                     f"{err:.2e}): not used")  # fmt: skip
