@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 import triton
 
-from moe_core.tolerances import tolerance
+from moe_core.tolerances import relative_l2, tolerance
 from moe_triton import kernel_configs, launch
 from moe_triton import tma as tma_mod
 from moe_triton.compile_pool import Compiler, default_jobs
@@ -404,23 +404,28 @@ def _pdl_available(device) -> bool:
     return bool(launch.pdl_kwargs(torch.device(device), Switches(pdl=True)))
 
 
+def _forward_on(config, weights, inputs, entry: KernelConfig, switches: Switches | None = None):
+    """The whole forward of ``inputs`` (``random_inputs``) on ``entry`` (``launch.run_fused_moe``: alignment,
+    both GEMMs and the slot sum, or the direct path at decode), as a forward that looked ``entry`` up would run
+    it (``switches``: these instead of the current ones), writing its own output (``.out``)."""
+    x, ids, tw = inputs
+    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
+    out = torch.empty_like(x)
+    fn = functools.partial(launch.run_fused_moe, x, ids, tw, weights.gemm1(), weights.gemm2(), act, out,
+                           router_on_input=config.apply_router_weight_on_input, config=entry,
+                           switches=switches)  # fmt: skip
+    fn.out = out
+    return fn
+
+
 def _forwards(config, weights, m: int, best: KernelConfig, device) -> dict:
-    """``{pdl: launch}``: the whole forward of ``best`` at ``m`` tokens (``launch.run_fused_moe``: alignment,
-    both GEMMs and the slot sum, or the direct path at decode) without and with programmatic dependent
-    launch, each writing its own output (the launch's ``out``), the other switches as they are."""
+    """``{pdl: launch}``: the whole forward of ``best`` at ``m`` tokens (``_forward_on``) without and with
+    programmatic dependent launch, on the same inputs, the other switches as they are."""
     from moe_core.synthetic import random_inputs
 
-    x, ids, tw = random_inputs(config, m, device)
-    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
-    forwards = {}
-    for pdl in (False, True):
-        out = torch.empty_like(x)
-        fn = functools.partial(launch.run_fused_moe, x, ids, tw, weights.gemm1(), weights.gemm2(), act, out,
-                               router_on_input=config.apply_router_weight_on_input, config=best,
-                               switches=replace(current_switches(), pdl=pdl))  # fmt: skip
-        fn.out = out
-        forwards[pdl] = fn
-    return forwards
+    inputs = random_inputs(config, m, device)
+    return {pdl: _forward_on(config, weights, inputs, best, replace(current_switches(), pdl=pdl))
+            for pdl in (False, True)}  # fmt: skip
 
 
 def _choose_pdl(forwards: dict, bench=None, log=print) -> tuple[bool, float, float]:
@@ -445,20 +450,6 @@ def probe_points(a: int, b: int) -> list[int]:
     return sorted(p for p in points if a < p < b)
 
 
-def _entry_forward(config, weights, m: int, entry: KernelConfig, device):
-    """The whole forward of ``m`` tokens on ``entry`` (its own PDL choice, unless the switch is set), writing
-    its own output (``.out``), as a forward that looked ``entry`` up would run."""
-    from moe_core.synthetic import random_inputs
-
-    x, ids, tw = random_inputs(config, m, device)
-    act = Activation(config.activation, config.swiglu_alpha, config.swiglu_limit)
-    out = torch.empty_like(x)
-    fn = functools.partial(launch.run_fused_moe, x, ids, tw, weights.gemm1(), weights.gemm2(), act, out,
-                           router_on_input=config.apply_router_weight_on_input, config=entry)  # fmt: skip
-    fn.out = out
-    return fn
-
-
 def boundary_entries(config, weights, entry: dict[int, KernelConfig], tuned, device, bench=None,
                      log=print) -> dict[int, KernelConfig]:  # fmt: skip
     """Entries to add to one layer's ``entry`` (token count -> config) so that between each pair of adjacent
@@ -466,6 +457,8 @@ def boundary_entries(config, weights, entry: dict[int, KernelConfig], tuned, dev
     neighbour that was faster there — added only for a pair where, at some probed count, the neighbour the
     nearest-M rule does not pick was ``BOUNDARY_MIN_GAIN`` faster and wrote the same output within the
     scheme's tolerance. Pairs with the same config are not timed."""
+    from moe_core.synthetic import random_inputs
+
     limit = tolerance(config.quant_scheme, config.dtype)
     ms = sorted(entry)
     added = {}
@@ -475,7 +468,8 @@ def boundary_entries(config, weights, entry: dict[int, KernelConfig], tuned, dev
         winners, wrong = {}, False
         for p in probe_points(a, b):
             near, far = (a, b) if p - a <= b - p else (b, a)  # entry_at's rule: the nearest, a tie to the smaller
-            forwards = {n: _entry_forward(config, weights, p, entry[n], device) for n in (near, far)}
+            inputs = random_inputs(config, p, device)
+            forwards = {n: _forward_on(config, weights, inputs, entry[n]) for n in (near, far)}
             times = {n: [] for n in forwards}
             for _ in range(BOUNDARY_ROUNDS):
                 for n, fn in forwards.items():
@@ -484,8 +478,7 @@ def boundary_entries(config, weights, entry: dict[int, KernelConfig], tuned, dev
             faster = t_far < t_near * (1 - BOUNDARY_MIN_GAIN)
             err = 0.0  # a nearest entry that did not run (infinite time) wrote nothing to compare with
             if faster and t_near != float("inf"):
-                ref, out = forwards[near].out.float(), forwards[far].out.float()
-                err = float((out - ref).norm() / ref.norm()) if ref.norm() else float((out - ref).norm())
+                err = relative_l2(forwards[far].out, forwards[near].out)
             if faster and not err <= limit:
                 log(f"  M={p}: the entry tuned at {far} wrote another output than the one at {near} (relative L2 "
                     f"{err:.2e}): not used")  # fmt: skip
@@ -611,10 +604,9 @@ def tune_presets(presets, scheme: str, tokens: list[int], output: Path | None, d
             # written after every token count, so an interrupted run keeps what it measured
             save = lambda m, best, key=key: write_table(path, device, {key: {m: best}})
             tuned = tune_shape(cfg, weights, tokens, device, log, on_result=save, compiler=compiler)
-            # the entries a forward would choose from: the shipped table's, those written here replacing its
-            # token counts (as kernel_configs.tables merges the user's table)
-            shipped = kernel_configs.shipped_table(device_slug(device)).get(key, {})
-            entry = {**shipped, **kernel_configs.parse_table(path.read_text()).get(key, {})}
+            # the entries a forward would choose from, were the table written here the user's
+            written = kernel_configs.parse_table(path.read_text())
+            entry = kernel_configs.merge_tables(kernel_configs.shipped_table(device_slug(device)), written)[key]
             added = boundary_entries(cfg, weights, entry, tuned, device, log=log)
             if added:
                 write_table(path, device, {key: added})

@@ -302,7 +302,11 @@ def tables(slug: str) -> dict[str, dict[int, KernelConfig]]:
     """The entries a forward on this device uses: per shape key, the shipped table's token counts with the
     user's table's over them (a tune of one M leaves the shipped configs of the other Ms in force). Read
     once per process (``clear_cache``)."""
-    shipped, user = shipped_table(slug), user_table(slug)
+    return merge_tables(shipped_table(slug), user_table(slug))
+
+
+def merge_tables(shipped: dict, user: dict) -> dict[str, dict[int, KernelConfig]]:
+    """Per shape key, the shipped entries' token counts with the user's over them."""
     return {key: {**shipped.get(key, {}), **user.get(key, {})} for key in {**shipped, **user}}
 
 
